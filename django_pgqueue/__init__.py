@@ -1,0 +1,50 @@
+"""django_pgqueue: a durable task queue in one PostgreSQL table.
+
+Public API::
+
+    from django_pgqueue import task, Retry, Snooze, Continue, Cancelled, TaskContext
+
+    @task(queue="emails", max_attempts=5, timeout=60)
+    def send_receipt(order_id: int) -> None: ...
+
+    send_receipt.enqueue(order.id)            # in the caller's transaction
+    send_receipt.enqueue_on_commit(order.id)  # when the outermost atomic block commits
+    send_receipt.enqueue_many([1, 2, 3])      # one statement
+    send_receipt.using(priority=10, delay=30).enqueue(order.id)
+
+Everything else is private by name or lives in a submodule documented in docs/.
+"""
+
+from django_pgqueue.context import TaskContext
+from django_pgqueue.exceptions import (
+    Cancelled,
+    Continue,
+    InvalidTaskError,
+    LeaseLost,
+    Retry,
+    Snooze,
+    TaskDoesNotExist,
+    TaskNotRegistered,
+)
+from django_pgqueue.operations import cancel, get_task, queue_overview
+from django_pgqueue.registry import TaskDefinition, call, task
+from django_pgqueue.retry import RetryPolicy
+
+__all__ = [
+    "Cancelled",
+    "Continue",
+    "InvalidTaskError",
+    "LeaseLost",
+    "Retry",
+    "RetryPolicy",
+    "Snooze",
+    "TaskContext",
+    "TaskDefinition",
+    "TaskDoesNotExist",
+    "TaskNotRegistered",
+    "call",
+    "cancel",
+    "get_task",
+    "queue_overview",
+    "task",
+]

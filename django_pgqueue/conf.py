@@ -1,0 +1,100 @@
+"""Settings, read in one place.
+
+Everything is configured through one dict in the project's settings::
+
+    PGQUEUE = {"LEASE_SECONDS": 30, "QUEUES": ["default", "emails"]}
+
+``docs/settings.md`` documents each key; ``DEFAULTS`` below is the source of truth for
+the default values, and ``checks.py`` turns bad values into ``manage.py check`` errors.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Any
+
+from django.conf import settings as django_settings
+
+DEFAULTS: dict[str, Any] = {
+    # Which database alias holds the task table.
+    "DATABASE": "default",
+    # Extra modules to import so their @task functions are registered (each installed
+    # app's ``tasks`` module is imported automatically).
+    "TASK_MODULES": [],
+    # Enqueue defaults.
+    "DEFAULT_QUEUE": "default",
+    "DEFAULT_PRIORITY": 0,
+    "DEFAULT_MAX_ATTEMPTS": 3,
+    "DEFAULT_TIMEOUT": None,  # seconds per attempt, or None for no ceiling
+    "DEFAULT_BACKOFF": {"base": 5.0, "factor": 2.0, "cap": 600.0, "jitter": 0.25},
+    # Worker.
+    "QUEUES": ["default"],
+    "CONCURRENCY": 10,
+    "PROCESSES": 1,
+    "LEASE_SECONDS": 30.0,
+    "HEARTBEAT_SECONDS": 10.0,
+    "POLL_INTERVAL": 2.0,
+    "SWEEP_INTERVAL": 1.0,
+    "SHUTDOWN_GRACE": 25.0,
+    "STARVATION_TIMEOUT": 60.0,
+    "TIMEOUT_GRACE": 10.0,
+    "WRITE_OFF_LIMIT": 3,
+    "SETTLE_MAX_DELAY": 0.002,
+    "PREPARED_STATEMENTS": True,
+    "METRICS_PORT": None,
+    # Retention (seconds).
+    "RESULT_TTL": 24 * 3600.0,
+    "DEAD_TTL": 7 * 24 * 3600.0,
+    "PRUNE_INTERVAL": 60.0,
+    "PRUNE_BATCH": 1000,
+    "WORKER_STALE_AFTER": 60.0,
+}
+
+
+@dataclass(frozen=True)
+class PgQueueSettings:
+    DATABASE: str
+    TASK_MODULES: list[str]
+    DEFAULT_QUEUE: str
+    DEFAULT_PRIORITY: int
+    DEFAULT_MAX_ATTEMPTS: int
+    DEFAULT_TIMEOUT: float | None
+    DEFAULT_BACKOFF: dict[str, float]
+    QUEUES: list[str]
+    CONCURRENCY: int
+    PROCESSES: int
+    LEASE_SECONDS: float
+    HEARTBEAT_SECONDS: float
+    POLL_INTERVAL: float
+    SWEEP_INTERVAL: float
+    SHUTDOWN_GRACE: float
+    STARVATION_TIMEOUT: float
+    TIMEOUT_GRACE: float
+    WRITE_OFF_LIMIT: int
+    SETTLE_MAX_DELAY: float
+    PREPARED_STATEMENTS: bool
+    METRICS_PORT: int | None
+    RESULT_TTL: float
+    DEAD_TTL: float
+    PRUNE_INTERVAL: float
+    PRUNE_BATCH: int
+    WORKER_STALE_AFTER: float
+
+
+def unknown_keys() -> list[str]:
+    """Keys in settings.PGQUEUE that this version does not know (reported by checks)."""
+    configured = getattr(django_settings, "PGQUEUE", {}) or {}
+    return sorted(set(configured) - set(DEFAULTS))
+
+
+def get_settings() -> PgQueueSettings:
+    """The effective settings: DEFAULTS overlaid with ``settings.PGQUEUE``.
+
+    Read on every call (cheap) so ``override_settings`` works in tests.
+    """
+    configured = getattr(django_settings, "PGQUEUE", {}) or {}
+    values = {f.name: configured.get(f.name, DEFAULTS[f.name]) for f in fields(PgQueueSettings)}
+    backoff = dict(DEFAULTS["DEFAULT_BACKOFF"])
+    backoff.update(values["DEFAULT_BACKOFF"] or {})
+    values["DEFAULT_BACKOFF"] = backoff
+    return PgQueueSettings(**values)

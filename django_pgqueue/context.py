@@ -1,0 +1,115 @@
+"""What a handler with ``takes_context=True`` receives as its first argument."""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+from uuid import UUID
+
+from django.db import connections
+from django.utils import timezone
+
+from django_pgqueue.exceptions import LeaseLost
+from django_pgqueue.payload import check_json, dumps
+from django_pgqueue.sql import QUERIES
+
+
+@dataclass
+class TaskContext:
+    """The running attempt of one task.
+
+    ``deadline`` is derived from the database's own timestamps (the claim's now() plus
+    the task's timeout), never from the worker's clock alone; None when the task has no
+    timeout. ``cancel_requested`` is refreshed by the worker's heartbeat; call
+    ``refresh_cancel_requested()`` to ask the database now.
+
+    ``save_checkpoint`` and ``report_progress`` are fenced writes on the handler's own
+    database connection: inside an ``atomic()`` block they commit (or roll back) with
+    the handler's own writes. They raise LeaseLost when the worker no longer owns the
+    task; stop working when that happens.
+    """
+
+    task_id: int
+    task_name: str
+    queue: str
+    attempt: int
+    max_attempts: int
+    enqueued_at: datetime
+    claimed_at: datetime
+    deadline: datetime | None
+    checkpoint: Any
+    metadata: dict[str, Any]
+    lease_token: UUID
+    database: str
+    _cancel_requested: threading.Event = field(default_factory=threading.Event, repr=False)
+    _lease_lost: threading.Event = field(default_factory=threading.Event, repr=False)
+
+    @property
+    def cancel_requested(self) -> bool:
+        return self._cancel_requested.is_set()
+
+    @property
+    def lease_lost(self) -> bool:
+        return self._lease_lost.is_set()
+
+    @property
+    def is_last_attempt(self) -> bool:
+        return self.attempt >= self.max_attempts
+
+    def time_left(self) -> timedelta | None:
+        """Time until the deadline (negative once past it), or None without a timeout."""
+        if self.deadline is None:
+            return None
+        return self.deadline - timezone.now()
+
+    def should_stop(self) -> bool:
+        """True once cancelled, past the deadline, or the lease is lost."""
+        left = self.time_left()
+        return (
+            self.cancel_requested
+            or self.lease_lost
+            or (left is not None and left.total_seconds() <= 0)
+        )
+
+    def save_checkpoint(self, checkpoint: Any) -> None:
+        """Persist resumable state; the next attempt receives it as ``context.checkpoint``."""
+        value = check_json(checkpoint, "checkpoint")
+        self._fenced("save_checkpoint", {"checkpoint": dumps(value)})
+        self.checkpoint = value
+
+    def report_progress(self, progress: Any) -> None:
+        """Publish progress (any JSON value) for the admin and API readers."""
+        self._fenced("save_progress", {"progress": dumps(check_json(progress, "progress"))})
+
+    def refresh_cancel_requested(self) -> bool:
+        """Ask the database whether cancellation was requested; returns the answer."""
+        with connections[self.database].cursor() as cursor:
+            cursor.execute(QUERIES["read_cancel_requested"], self._fence_params())
+            row = cursor.fetchone()
+        if row is None:
+            self._lease_lost.set()
+            raise LeaseLost(self._lost_message())
+        if row[0]:
+            self._cancel_requested.set()
+        return self.cancel_requested
+
+    def _fence_params(self) -> dict[str, Any]:
+        return {"id": self.task_id, "attempt": self.attempt, "token": str(self.lease_token)}
+
+    def _fenced(self, query: str, params: dict[str, Any]) -> None:
+        with connections[self.database].cursor() as cursor:
+            cursor.execute(QUERIES[query], {**self._fence_params(), **params})
+            row = cursor.fetchone()
+        if row is None:
+            self._lease_lost.set()
+            raise LeaseLost(self._lost_message())
+        if row[0]:
+            self._cancel_requested.set()
+
+    def _lost_message(self) -> str:
+        return (
+            f"task {self.task_id} attempt {self.attempt}: the lease is no longer held by this "
+            "worker (it expired and was recovered, or the task was settled); nothing was written"
+        )

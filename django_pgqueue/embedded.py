@@ -1,0 +1,31 @@
+"""An embedded PostgreSQL for development and tests, from the ``pgserver`` package.
+
+``embedded_database_url(path)`` starts a private server whose data lives in ``path``
+(or attaches to the one already running there) and returns its URL. The server
+listens on a Unix socket only and stops when the last process using it exits.
+Production never uses this: set DATABASE_URL.
+"""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+from urllib.parse import quote
+
+
+def embedded_database_url(data_dir: str | Path, dbname: str = "postgres") -> str:
+    try:
+        with warnings.catch_warnings():
+            # platformdirs warns when XDG_RUNTIME_DIR is unset (containers, CI): harmless.
+            warnings.simplefilter("ignore")
+            import pgserver
+    except ImportError as exc:  # pragma: no cover - depends on the install
+        raise RuntimeError(
+            "DATABASE_URL is not set and the embedded PostgreSQL is not installed: "
+            "pip install 'django-pgqueue[embedded]', or set DATABASE_URL"
+        ) from exc
+    path = Path(data_dir).resolve()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    server = pgserver.get_server(path, cleanup_mode="stop")
+    socket_dir = server.get_postmaster_info().socket_dir
+    return f"postgres://postgres@/{dbname}?host={quote(str(socket_dir), safe='/')}"

@@ -1,0 +1,177 @@
+"""Enqueue: validate, then INSERT in the caller's transaction (or on its commit).
+
+Validation happens before any SQL runs, so bad input raises and writes nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+
+from django.conf import settings
+from django.db import connections, transaction
+from django.utils import timezone
+
+from django_pgqueue.conf import get_settings
+from django_pgqueue.exceptions import InvalidTaskError
+from django_pgqueue.payload import check_json, dumps
+from django_pgqueue.registry import Call
+from django_pgqueue.sql import QUERIES
+
+if TYPE_CHECKING:
+    from django_pgqueue.registry import TaskDefinition
+
+
+def database_alias() -> str:
+    return get_settings().DATABASE
+
+
+def build_row(definition: TaskDefinition, args: Any, kwargs: Any) -> dict[str, Any]:
+    """The INSERT parameters for one call, or InvalidTaskError."""
+    opts = definition.options
+    if not isinstance(kwargs, dict):
+        raise InvalidTaskError(f"kwargs must be a dict, not {type(kwargs).__name__}")
+    checked_args = check_json(list(args), "args")
+    checked_kwargs = check_json(kwargs, "kwargs")
+    run_at = _check_run_at(opts.run_at)
+    unique_key = opts.unique_key
+    if unique_key is not None and (not isinstance(unique_key, str) or not unique_key):
+        raise InvalidTaskError(f"unique_key must be a non-empty string, not {unique_key!r}")
+    if unique_key is not None and len(unique_key) > 255:
+        raise InvalidTaskError("unique_key must be at most 255 characters")
+    metadata = check_json(opts.metadata, "metadata")
+    backoff = opts.backoff or definition.backoff
+    timeout = opts.timeout if opts.timeout is not None else definition.timeout
+    return {
+        "id": None,
+        "queue": opts.queue or definition.queue,
+        "task_name": definition.name,
+        "handler_version": definition.version,
+        "priority": definition.priority if opts.priority is None else opts.priority,
+        "args": dumps(checked_args),
+        "kwargs": dumps(checked_kwargs),
+        "run_at": run_at,
+        "delay": opts.delay,
+        "max_attempts": opts.max_attempts or definition.max_attempts,
+        "retry_policy": dumps(backoff.as_dict()),
+        "timeout": timeout,
+        "unique_key": unique_key,
+        "metadata": dumps(metadata),
+    }
+
+
+def _check_run_at(run_at: Any) -> datetime | None:
+    if run_at is None:
+        return None
+    if not isinstance(run_at, datetime):
+        raise InvalidTaskError(f"run_at must be a datetime, not {type(run_at).__name__}")
+    if settings.USE_TZ and timezone.is_naive(run_at):
+        raise InvalidTaskError(
+            f"run_at {run_at.isoformat()} is a naive datetime while USE_TZ = True; "
+            "pass an aware datetime (e.g. django.utils.timezone.now() + timedelta(...))"
+        )
+    return run_at
+
+
+def _insert(alias: str, row: dict[str, Any]) -> int:
+    query = QUERIES["enqueue_unique" if row["unique_key"] else "enqueue"]
+    with connections[alias].cursor() as cursor:
+        cursor.execute(query, row)
+        found = cursor.fetchone()
+        if found is not None:
+            return found[0]
+        # A live task with this unique_key exists: return it instead of inserting.
+        cursor.execute(QUERIES["find_live_unique"], {"unique_key": row["unique_key"]})
+        existing = cursor.fetchone()
+    if existing is None:
+        # The conflicting row finished between the two statements: insert again.
+        return _insert(alias, row)
+    return existing[0]
+
+
+def enqueue(definition: TaskDefinition, args: Any, kwargs: dict[str, Any]) -> int:
+    row = build_row(definition, args, kwargs)
+    return _insert(database_alias(), row)
+
+
+def enqueue_on_commit(definition: TaskDefinition, args: Any, kwargs: dict[str, Any]) -> int:
+    """Reserve the id now, INSERT when the outermost atomic block commits.
+
+    The block is the one on ``commit_alias`` (default: the queue's database), so a view
+    writing to another database can defer the task until its own commit. With
+    ``unique_key`` the id returned is the reserved one; if a live duplicate wins at
+    commit time, the reservation is simply not used.
+    """
+    row = build_row(definition, args, kwargs)
+    alias = database_alias()
+    with connections[alias].cursor() as cursor:
+        cursor.execute(QUERIES["reserve_id"])
+        row["id"] = cursor.fetchone()[0]
+    commit_alias = definition.options.commit_alias or alias
+    transaction.on_commit(lambda: _insert(alias, row), using=commit_alias)
+    return row["id"]
+
+
+def _split_call(item: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    if isinstance(item, Call):
+        return item.args, item.kwargs
+    if isinstance(item, tuple):
+        return item, {}
+    if isinstance(item, dict):
+        return (), item
+    return (item,), {}
+
+
+def enqueue_many(definition: TaskDefinition, calls: Iterable[Any]) -> list[int]:
+    """All rows in one INSERT ... SELECT FROM jsonb_to_recordset(...) statement."""
+    rows = []
+    for index, item in enumerate(calls):
+        args, kwargs = _split_call(item)
+        try:
+            row = build_row(definition, args, kwargs)
+        except InvalidTaskError as exc:
+            raise InvalidTaskError(f"item {index}: {exc}") from exc
+        del row["id"]
+        for key in ("args", "kwargs", "retry_policy", "metadata"):
+            row[key] = _Raw(row[key])
+        if row["run_at"] is not None:
+            row["run_at"] = row["run_at"].isoformat()
+        rows.append(row)
+    if not rows:
+        return []
+    with connections[database_alias()].cursor() as cursor:
+        cursor.execute(QUERIES["enqueue_many"], {"rows": _dump_rows(rows)})
+        inserted = cursor.fetchall()
+        ids: list[int | None] = [None] * len(rows)
+        keyed = {key: row_id for row_id, key, _ in inserted if key is not None}
+        unkeyed = iter(row_id for row_id, key, _ in inserted if key is None)
+        missing_keys = []
+        for index, row in enumerate(rows):
+            if row["unique_key"] is None:
+                ids[index] = next(unkeyed)
+            elif row["unique_key"] in keyed:
+                ids[index] = keyed[row["unique_key"]]
+            else:
+                missing_keys.append(index)
+        for index in missing_keys:
+            cursor.execute(QUERIES["find_live_unique"], {"unique_key": rows[index]["unique_key"]})
+            found = cursor.fetchone()
+            ids[index] = found[0] if found else None
+    return ids  # type: ignore[return-value]
+
+
+class _Raw(str):
+    """A JSON fragment already serialised; embedded verbatim by _dump_rows."""
+
+
+def _dump_rows(rows: list[dict[str, Any]]) -> str:
+    # Payloads are already JSON text: splice them in rather than parse and re-dump.
+    parts = []
+    for row in rows:
+        fields = []
+        for key, value in row.items():
+            encoded = value if isinstance(value, _Raw) else dumps(value)
+            fields.append(f'"{key}":{encoded}')
+        parts.append("{" + ",".join(fields) + "}")
+    return "[" + ",".join(parts) + "]"

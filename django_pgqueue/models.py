@@ -1,0 +1,145 @@
+"""The task table and the worker registry.
+
+The ORM reads these (admin, history, tests); the hot path (enqueue, claim, settle,
+heartbeat, sweep) is explicit SQL in ``sql/queries.sql``. Index names are referenced
+from that file's comments, so keep them stable.
+"""
+
+from __future__ import annotations
+
+from django.db import models
+from django.db.models import Q
+from django.db.models.functions import Now
+from django.utils.translation import gettext_lazy as _
+
+
+class TaskState(models.TextChoices):
+    PENDING = "pending", _("pending")
+    RUNNING = "running", _("running")
+    WAITING = "waiting", _("waiting")
+    SUCCEEDED = "succeeded", _("succeeded")
+    FAILED = "failed", _("failed")
+    CANCELLED = "cancelled", _("cancelled")
+
+
+TERMINAL_STATES = (TaskState.SUCCEEDED, TaskState.FAILED, TaskState.CANCELLED)
+LIVE_STATES = (TaskState.PENDING, TaskState.RUNNING, TaskState.WAITING)
+
+
+class Task(models.Model):
+    """One row per task. ``id`` is the public task id."""
+
+    id = models.BigAutoField(primary_key=True)
+    queue = models.CharField(max_length=100, db_default="default")
+    task_name = models.CharField(max_length=255)
+    handler_version = models.IntegerField(db_default=1)
+    priority = models.SmallIntegerField(db_default=0)
+    state = models.CharField(max_length=16, choices=TaskState.choices, db_default=TaskState.PENDING)
+
+    args = models.JSONField(db_default=models.Value([], models.JSONField()))
+    kwargs = models.JSONField(db_default=models.Value({}, models.JSONField()))
+
+    run_at = models.DateTimeField(db_default=Now())
+    enqueued_at = models.DateTimeField(db_default=Now())
+    started_at = models.DateTimeField(null=True, blank=True)
+    last_attempted_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    attempt = models.IntegerField(db_default=0)
+    max_attempts = models.IntegerField(db_default=3)
+    retry_policy = models.JSONField(db_default=models.Value({}, models.JSONField()))
+    timeout = models.DurationField(null=True, blank=True)
+
+    lease_token = models.UUIDField(null=True, blank=True)
+    lease_expires_at = models.DateTimeField(null=True, blank=True)
+    worker_id = models.CharField(max_length=64, null=True, blank=True)
+
+    result = models.JSONField(null=True, blank=True)
+    errors = models.JSONField(db_default=models.Value([], models.JSONField()))
+    unique_key = models.CharField(max_length=255, null=True, blank=True)
+    checkpoint = models.JSONField(null=True, blank=True)
+    progress = models.JSONField(null=True, blank=True)
+    cancel_requested = models.BooleanField(db_default=False)
+    metadata = models.JSONField(db_default=models.Value({}, models.JSONField()))
+
+    class Meta:
+        db_table = "pgqueue_task"
+        ordering = ["-id"]
+        indexes = [
+            # The claim: an index-ordered top-N per queue over due, pending rows.
+            models.Index(
+                "queue",
+                models.F("priority").desc(),
+                "run_at",
+                "id",
+                name="pgqueue_task_claim",
+                condition=Q(state="pending"),
+            ),
+            # Oldest-due first: the starvation escape, next-due lookups, oldest-due age.
+            models.Index(
+                fields=["queue", "run_at", "id"],
+                name="pgqueue_task_due",
+                condition=Q(state="pending"),
+            ),
+            # Lease recovery sweeps only the (few) running rows.
+            models.Index(
+                fields=["lease_expires_at"],
+                name="pgqueue_task_lease",
+                condition=Q(state="running"),
+            ),
+            # Retention prunes terminal rows oldest-first.
+            models.Index(
+                fields=["state", "finished_at"],
+                name="pgqueue_task_retention",
+                condition=Q(state__in=["succeeded", "failed", "cancelled"]),
+            ),
+        ]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["unique_key"],
+                name="pgqueue_task_unique_live",
+                condition=Q(unique_key__isnull=False)
+                & Q(state__in=["pending", "running", "waiting"]),
+            ),
+            models.CheckConstraint(
+                condition=Q(
+                    state__in=["pending", "running", "waiting", "succeeded", "failed", "cancelled"]
+                ),
+                name="pgqueue_task_state_valid",
+            ),
+            models.CheckConstraint(
+                condition=Q(priority__gte=-100, priority__lte=100),
+                name="pgqueue_task_priority_range",
+            ),
+            models.CheckConstraint(
+                condition=Q(max_attempts__gte=1), name="pgqueue_task_max_attempts_positive"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.task_name}#{self.id} ({self.state})"
+
+    @property
+    def is_terminal(self) -> bool:
+        return self.state in TERMINAL_STATES
+
+
+class Worker(models.Model):
+    """A live worker process, registered at start and refreshed by its heartbeat."""
+
+    id = models.CharField(max_length=64, primary_key=True)
+    hostname = models.CharField(max_length=255)
+    pid = models.IntegerField()
+    queues = models.JSONField(default=list)
+    routes = models.JSONField(default=list, help_text="[[task_name, handler_version], ...]")
+    concurrency = models.IntegerField()
+    in_flight = models.IntegerField(db_default=0)
+    started_at = models.DateTimeField(db_default=Now())
+    last_heartbeat_at = models.DateTimeField(db_default=Now())
+
+    class Meta:
+        db_table = "pgqueue_worker"
+        ordering = ["hostname", "pid"]
+
+    def __str__(self) -> str:
+        return f"{self.hostname}:{self.pid}"

@@ -1,0 +1,311 @@
+"""Task definitions and the registry of decorated functions.
+
+The registry is the only way a worker finds code: a row names a task, and the worker
+looks the name up here. Nothing ever imports a dotted path read from a row.
+"""
+
+from __future__ import annotations
+
+import inspect
+import re
+import threading
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field, replace
+from datetime import datetime
+from typing import Any, overload
+
+from django.core.exceptions import ImproperlyConfigured
+
+from django_pgqueue.conf import get_settings
+from django_pgqueue.exceptions import InvalidTaskError, TaskNotRegistered
+from django_pgqueue.retry import RetryPolicy
+
+QUEUE_NAME = re.compile(r"^[A-Za-z0-9_.:-]{1,100}$")
+PRIORITY_MIN, PRIORITY_MAX = -100, 100
+
+# using() accepts exactly these; anything else is a clear TypeError.
+OPTION_NAMES = (
+    "queue",
+    "priority",
+    "run_at",
+    "delay",
+    "unique_key",
+    "max_attempts",
+    "timeout",
+    "backoff",
+    "metadata",
+    "commit_alias",
+)
+
+
+def validate_queue(queue: Any) -> str:
+    if not isinstance(queue, str) or not QUEUE_NAME.match(queue):
+        raise InvalidTaskError(
+            f"queue {queue!r} is not a valid queue name: use 1-100 letters, digits, "
+            "'_', '.', ':' or '-'"
+        )
+    return queue
+
+
+def validate_priority(priority: Any) -> int:
+    if isinstance(priority, bool) or not isinstance(priority, int):
+        raise InvalidTaskError(f"priority must be an int, not {priority!r}")
+    if not PRIORITY_MIN <= priority <= PRIORITY_MAX:
+        raise InvalidTaskError(
+            f"priority {priority} is out of range: use {PRIORITY_MIN}..{PRIORITY_MAX} "
+            "(higher runs first)"
+        )
+    return priority
+
+
+def validate_max_attempts(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise InvalidTaskError(f"max_attempts must be an int >= 1, not {value!r}")
+    return value
+
+
+def validate_timeout(value: Any) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
+        raise InvalidTaskError(f"timeout must be a number of seconds > 0 or None, not {value!r}")
+    return float(value)
+
+
+def validate_backoff(value: Any) -> RetryPolicy:
+    try:
+        return RetryPolicy.from_value(value)
+    except (TypeError, ValueError) as exc:
+        raise InvalidTaskError(f"invalid backoff: {exc}") from exc
+
+
+@dataclass(frozen=True)
+class EnqueueOptions:
+    """Per-call options; ``None`` means "the task's default"."""
+
+    queue: str | None = None
+    priority: int | None = None
+    run_at: datetime | None = None
+    delay: float | None = None
+    unique_key: str | None = None
+    max_attempts: int | None = None
+    timeout: float | None = None
+    backoff: RetryPolicy | None = None
+    metadata: dict[str, Any] = field(default_factory=dict)
+    commit_alias: str | None = None
+
+
+@dataclass(frozen=True, eq=False)
+class TaskDefinition:
+    """A function registered with ``@task``; enqueue it, or call it directly."""
+
+    func: Callable[..., Any]
+    name: str
+    queue: str
+    priority: int
+    max_attempts: int
+    backoff: RetryPolicy
+    timeout: float | None
+    version: int
+    takes_context: bool
+    options: EnqueueOptions = field(default_factory=EnqueueOptions)
+
+    @property
+    def is_async(self) -> bool:
+        return inspect.iscoroutinefunction(self.func)
+
+    @property
+    def route(self) -> str:
+        """The key a worker claims by: ``name@version``."""
+        return f"{self.name}@{self.version}"
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.func(*args, **kwargs)
+
+    def using(self, **options: Any) -> TaskDefinition:
+        """A copy of this task with per-call options (queue, priority, run_at or delay, ...)."""
+        unknown = sorted(set(options) - set(OPTION_NAMES))
+        if unknown:
+            raise TypeError(
+                f"unknown enqueue option(s) {unknown} for task {self.name!r}; "
+                f"valid options: {', '.join(OPTION_NAMES)}"
+            )
+        if "queue" in options:
+            validate_queue(options["queue"])
+        if "priority" in options:
+            validate_priority(options["priority"])
+        if "max_attempts" in options:
+            validate_max_attempts(options["max_attempts"])
+        if "timeout" in options:
+            options["timeout"] = validate_timeout(options["timeout"])
+        if "backoff" in options:
+            options["backoff"] = validate_backoff(options["backoff"])
+        if "delay" in options and not _is_seconds(options["delay"]):
+            raise InvalidTaskError(
+                f"delay must be a number of seconds >= 0, not {options['delay']!r}"
+            )
+        if "metadata" in options and not isinstance(options["metadata"], dict):
+            raise InvalidTaskError("metadata must be a dict of JSON values")
+        merged = replace(self.options, **options)
+        if merged.run_at is not None and merged.delay is not None:
+            raise InvalidTaskError("pass either run_at or delay, not both")
+        return replace(self, options=merged)
+
+    def enqueue(self, *args: Any, **kwargs: Any) -> int:
+        """Insert the task in the current transaction; returns its id."""
+        from django_pgqueue.enqueue import enqueue
+
+        return enqueue(self, args, kwargs)
+
+    def enqueue_on_commit(self, *args: Any, **kwargs: Any) -> int:
+        """Insert the task when the outermost atomic block commits; returns its id now."""
+        from django_pgqueue.enqueue import enqueue_on_commit
+
+        return enqueue_on_commit(self, args, kwargs)
+
+    def enqueue_many(self, calls: Iterable[Any]) -> list[int]:
+        """Insert many tasks in one statement; returns their ids in order.
+
+        Each item is a ``tuple`` of positional args, a ``dict`` of keyword args, a
+        ``call(*args, **kwargs)``, or any other value as the single positional arg.
+        """
+        from django_pgqueue.enqueue import enqueue_many
+
+        return enqueue_many(self, calls)
+
+
+def _is_seconds(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and value >= 0
+
+
+@dataclass(frozen=True)
+class Call:
+    """One call for ``enqueue_many``: ``call(order.id, notify=True)``."""
+
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+
+
+def call(*args: Any, **kwargs: Any) -> Call:
+    return Call(args, kwargs)
+
+
+class Registry:
+    """Task name -> TaskDefinition. Filled by importing modules that use ``@task``."""
+
+    def __init__(self) -> None:
+        self._tasks: dict[str, TaskDefinition] = {}
+        self._lock = threading.Lock()
+
+    def register(self, definition: TaskDefinition) -> None:
+        with self._lock:
+            existing = self._tasks.get(definition.name)
+            if existing is not None and _origin(existing.func) != _origin(definition.func):
+                raise ImproperlyConfigured(
+                    f"task name {definition.name!r} is registered twice: by "
+                    f"{_origin(existing.func)} and by {_origin(definition.func)}; "
+                    "give one of them another name=..."
+                )
+            self._tasks[definition.name] = definition
+
+    def unregister(self, name: str) -> None:
+        with self._lock:
+            self._tasks.pop(name, None)
+
+    def get(self, name: str) -> TaskDefinition:
+        try:
+            return self._tasks[name]
+        except KeyError:
+            known = ", ".join(sorted(self._tasks)) or "(none)"
+            raise TaskNotRegistered(
+                f"task {name!r} is not registered in this process; known tasks: {known}. "
+                "Is the module that defines it imported (an installed app's tasks.py, or "
+                "PGQUEUE['TASK_MODULES'])?"
+            ) from None
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._tasks
+
+    def all(self) -> list[TaskDefinition]:
+        return sorted(self._tasks.values(), key=lambda d: d.name)
+
+
+def _origin(func: Callable[..., Any]) -> str:
+    return f"{func.__module__}.{func.__qualname__}"
+
+
+registry = Registry()
+
+
+@overload
+def task(func: Callable[..., Any], /) -> TaskDefinition: ...
+
+
+@overload
+def task(
+    *,
+    name: str | None = None,
+    queue: str | None = None,
+    priority: int | None = None,
+    max_attempts: int | None = None,
+    backoff: Any = None,
+    timeout: float | None = None,
+    version: int = 1,
+    takes_context: bool = False,
+) -> Callable[[Callable[..., Any]], TaskDefinition]: ...
+
+
+def task(
+    func: Callable[..., Any] | None = None,
+    /,
+    *,
+    name: str | None = None,
+    queue: str | None = None,
+    priority: int | None = None,
+    max_attempts: int | None = None,
+    backoff: Any = None,
+    timeout: float | None = None,
+    version: int = 1,
+    takes_context: bool = False,
+) -> Any:
+    """Register a function as a task: ``@task`` or ``@task(queue="emails", ...)``.
+
+    ``name`` defaults to the function's dotted path. ``version`` is the handler
+    version: a worker only claims the (name, version) pairs it has registered. With
+    ``takes_context=True`` the function receives a TaskContext as its first argument.
+    """
+
+    def decorate(fn: Callable[..., Any]) -> TaskDefinition:
+        conf = get_settings()
+        if isinstance(version, bool) or not isinstance(version, int) or version < 0:
+            raise ImproperlyConfigured(f"task version must be an int >= 0, not {version!r}")
+        definition = TaskDefinition(
+            func=fn,
+            name=name or _origin(fn),
+            queue=validate_queue(queue or conf.DEFAULT_QUEUE),
+            priority=validate_priority(conf.DEFAULT_PRIORITY if priority is None else priority),
+            max_attempts=validate_max_attempts(
+                conf.DEFAULT_MAX_ATTEMPTS if max_attempts is None else max_attempts
+            ),
+            backoff=validate_backoff(conf.DEFAULT_BACKOFF if backoff is None else backoff),
+            timeout=validate_timeout(conf.DEFAULT_TIMEOUT if timeout is None else timeout),
+            version=version,
+            takes_context=takes_context,
+        )
+        registry.register(definition)
+        return definition
+
+    if func is not None:
+        return decorate(func)
+    return decorate
+
+
+def autodiscover() -> None:
+    """Import every installed app's ``tasks`` module and PGQUEUE['TASK_MODULES']."""
+    from importlib import import_module
+
+    from django.utils.module_loading import autodiscover_modules
+
+    autodiscover_modules("tasks")
+    for module in get_settings().TASK_MODULES:
+        import_module(module)

@@ -1,0 +1,430 @@
+-- The database contract of django_pgqueue: every statement of the hot path, by name.
+--
+-- Python calls these by name (django_pgqueue/sql/__init__.py). Parameters use the
+-- psycopg/Django pyformat style, %(name)s. Each statement says which index it relies on
+-- and which race it closes. All time comparisons use the database's now(), never a
+-- worker's clock.
+--
+-- Indexes (defined on the model, django_pgqueue/models.py):
+--   pgqueue_task_claim      (queue, priority DESC, run_at, id) WHERE state = 'pending'
+--   pgqueue_task_due        (queue, run_at, id)                WHERE state = 'pending'
+--   pgqueue_task_lease      (lease_expires_at)                 WHERE state = 'running'
+--   pgqueue_task_retention  (state, finished_at)               WHERE state is terminal
+--   pgqueue_task_unique_live UNIQUE (unique_key) WHERE unique_key IS NOT NULL AND live
+--
+-- Wake-ups: enqueue and every path that makes a task due again send
+-- pg_notify('pgqueue', <queue>) inside their own transaction, so a notification is
+-- delivered on commit only, never for a rollback. PostgreSQL folds identical
+-- notifications of one transaction into one: one wake per queue per transaction.
+
+
+-- name: enqueue
+-- One task, in the caller's transaction. run_at NULL means "now" in the database's
+-- clock; a delay is added to the database's now(), never to the caller's clock.
+WITH inserted AS (
+    INSERT INTO pgqueue_task (
+        id, queue, task_name, handler_version, priority, args, kwargs, run_at,
+        max_attempts, retry_policy, timeout, unique_key, metadata
+    )
+    VALUES (
+        COALESCE(%(id)s::bigint, nextval(pg_get_serial_sequence('pgqueue_task', 'id'))),
+        %(queue)s, %(task_name)s, %(handler_version)s, %(priority)s,
+        %(args)s::jsonb, %(kwargs)s::jsonb,
+        COALESCE(%(run_at)s::timestamptz,
+                 now() + make_interval(secs => COALESCE(%(delay)s::float8, 0))),
+        %(max_attempts)s, %(retry_policy)s::jsonb,
+        make_interval(secs => %(timeout)s::float8), %(unique_key)s, %(metadata)s::jsonb
+    )
+    RETURNING id, queue
+)
+SELECT id, pg_notify('pgqueue', queue)::text FROM inserted;
+
+
+-- name: enqueue_unique
+-- As enqueue, but a live row (pending, running, waiting) with the same unique_key wins:
+-- ON CONFLICT on the partial unique index pgqueue_task_unique_live inserts nothing and
+-- returns no row; the caller then reads the existing id with find_live_unique.
+WITH inserted AS (
+    INSERT INTO pgqueue_task (
+        id, queue, task_name, handler_version, priority, args, kwargs, run_at,
+        max_attempts, retry_policy, timeout, unique_key, metadata
+    )
+    VALUES (
+        COALESCE(%(id)s::bigint, nextval(pg_get_serial_sequence('pgqueue_task', 'id'))),
+        %(queue)s, %(task_name)s, %(handler_version)s, %(priority)s,
+        %(args)s::jsonb, %(kwargs)s::jsonb,
+        COALESCE(%(run_at)s::timestamptz,
+                 now() + make_interval(secs => COALESCE(%(delay)s::float8, 0))),
+        %(max_attempts)s, %(retry_policy)s::jsonb,
+        make_interval(secs => %(timeout)s::float8), %(unique_key)s, %(metadata)s::jsonb
+    )
+    ON CONFLICT (unique_key) WHERE unique_key IS NOT NULL
+                                AND state IN ('pending', 'running', 'waiting')
+    DO NOTHING
+    RETURNING id, queue
+)
+SELECT id, pg_notify('pgqueue', queue)::text FROM inserted;
+
+
+-- name: find_live_unique
+-- Uses pgqueue_task_unique_live.
+SELECT id
+  FROM pgqueue_task
+ WHERE unique_key = %(unique_key)s
+   AND state IN ('pending', 'running', 'waiting');
+
+
+-- name: enqueue_many
+-- Many tasks in one statement: the rows travel as one JSON array and are expanded
+-- server-side. Rows with a unique_key that is already live are skipped (they return
+-- no id; the caller looks them up). One notification per distinct queue.
+WITH rows AS (
+    SELECT r.*, ordinality
+      FROM jsonb_to_recordset(%(rows)s::jsonb) WITH ORDINALITY AS r(
+               queue text, task_name text, handler_version int, priority smallint,
+               args jsonb, kwargs jsonb, run_at timestamptz, delay float8,
+               max_attempts int, retry_policy jsonb, timeout float8,
+               unique_key text, metadata jsonb)
+),
+inserted AS (
+    INSERT INTO pgqueue_task (
+        queue, task_name, handler_version, priority, args, kwargs, run_at,
+        max_attempts, retry_policy, timeout, unique_key, metadata
+    )
+    SELECT queue, task_name, handler_version, priority, args, kwargs,
+           COALESCE(run_at, now() + make_interval(secs => COALESCE(delay, 0))),
+           max_attempts, retry_policy, make_interval(secs => timeout), unique_key, metadata
+      FROM rows
+     ORDER BY ordinality
+    ON CONFLICT (unique_key) WHERE unique_key IS NOT NULL
+                                AND state IN ('pending', 'running', 'waiting')
+    DO NOTHING
+    RETURNING id, queue, unique_key
+),
+woken AS (
+    SELECT pg_notify('pgqueue', q.queue) FROM (SELECT DISTINCT queue FROM inserted) AS q
+)
+SELECT id, unique_key, (SELECT count(*) FROM woken) FROM inserted ORDER BY id;
+
+
+-- name: reserve_id
+-- enqueue_on_commit hands out the id before the insert runs (sequences are not
+-- transactional, so a rolled-back caller only leaves a gap in the ids).
+SELECT nextval(pg_get_serial_sequence('pgqueue_task', 'id'));
+
+
+-- name: claim
+-- The claim: up to %(limit)s due tasks of one queue, for one worker, in one statement.
+--
+-- * FOR NO KEY UPDATE SKIP LOCKED: concurrent claimers never wait on, nor take, a row
+--   another claimer has picked. Under READ COMMITTED the locked row is re-checked
+--   (EvalPlanQual), so a row claimed and committed by someone else in the meantime no
+--   longer matches state = 'pending' and is skipped.
+-- * The picks are MATERIALIZED CTEs: a plain subquery may be rescanned by the join
+--   above it, and every rescan would lock (and claim) more rows than asked for.
+-- * picked walks pgqueue_task_claim in index order (priority DESC, run_at, id) and
+--   stops after %(limit)s rows: an index-ordered top-N at any backlog depth.
+-- * starving walks pgqueue_task_due: if the oldest due task has waited longer than the
+--   starvation timeout, it takes one slot of the batch regardless of priority.
+-- * The routes filter keeps tasks this worker cannot run (unknown name or handler
+--   version) pending: not claimed, no attempt burnt.
+-- * attempt is incremented here, by the claim, so a task that kills its worker every
+--   time still runs out of attempts (see recover_expired_leases).
+-- * The statement commits before any handler runs; it returns the database's now() so
+--   the handler's deadline is derived from the database's clock.
+WITH starving AS MATERIALIZED (
+    SELECT id
+      FROM pgqueue_task
+     WHERE state = 'pending'
+       AND queue = %(queue)s
+       AND run_at <= now() - make_interval(secs => %(starvation_seconds)s)
+       AND (task_name || '@' || handler_version) = ANY (%(routes)s::text[])
+     ORDER BY run_at, id
+     LIMIT 1
+       FOR NO KEY UPDATE SKIP LOCKED
+),
+picked AS MATERIALIZED (
+    SELECT id
+      FROM pgqueue_task
+     WHERE state = 'pending'
+       AND queue = %(queue)s
+       AND run_at <= now()
+       AND (task_name || '@' || handler_version) = ANY (%(routes)s::text[])
+       AND id NOT IN (SELECT id FROM starving)
+     ORDER BY priority DESC, run_at, id
+     LIMIT %(limit)s - (SELECT count(*) FROM starving)
+       FOR NO KEY UPDATE SKIP LOCKED
+)
+UPDATE pgqueue_task AS t
+   SET state = 'running',
+       attempt = t.attempt + 1,
+       lease_token = gen_random_uuid(),
+       lease_expires_at = now() + make_interval(secs => %(lease_seconds)s),
+       started_at = COALESCE(t.started_at, now()),
+       last_attempted_at = now(),
+       worker_id = %(worker_id)s
+  FROM (SELECT id FROM starving UNION ALL SELECT id FROM picked) AS p
+ WHERE t.id = p.id
+RETURNING t.id, t.task_name, t.handler_version, t.queue, t.priority, t.args, t.kwargs,
+          t.attempt, t.max_attempts, t.retry_policy,
+          EXTRACT(EPOCH FROM t.timeout)::float8, t.lease_token, t.lease_expires_at, now(),
+          t.enqueued_at, t.run_at, t.checkpoint, t.cancel_requested, t.metadata;
+
+
+-- name: next_due
+-- When the claimer found nothing more to take: the earliest future run_at it could
+-- claim, so it sleeps until then rather than until the next poll. Uses pgqueue_task_due.
+SELECT run_at, EXTRACT(EPOCH FROM run_at - now())::float8
+  FROM pgqueue_task
+ WHERE state = 'pending'
+   AND queue = %(queue)s
+   AND run_at > now()
+   AND (task_name || '@' || handler_version) = ANY (%(routes)s::text[])
+ ORDER BY run_at, id
+ LIMIT 1;
+
+
+-- name: settle
+-- Write back a batch of outcomes in one statement. Each row is fenced on
+-- (id, attempt, lease_token, state = 'running'): a worker whose lease was recovered
+-- and re-claimed by another worker matches nothing, and learns it from the returned
+-- ids (the missing ones are "lost"). The worker computes each row's target state
+-- (it holds the claimed row's attempt, max_attempts and frozen retry policy).
+--
+-- A cancel requested while the handler ran wins over a retry: such a row ends
+-- cancelled instead of going back to pending. Rows made due again send a wake-up.
+WITH v AS (
+    SELECT *
+      FROM jsonb_to_recordset(%(outcomes)s::jsonb) AS v(
+               id bigint, attempt int, token uuid, state text, result jsonb,
+               error jsonb, delay float8, attempt_reset bool, attempt_refund bool,
+               checkpoint jsonb, save_checkpoint bool)
+),
+settled AS (
+    UPDATE pgqueue_task AS t
+       SET state = CASE WHEN t.cancel_requested AND v.state = 'pending' THEN 'cancelled'
+                        ELSE v.state END,
+           result = CASE WHEN v.state = 'succeeded' THEN v.result ELSE t.result END,
+           errors = CASE WHEN v.error IS NULL THEN t.errors
+                         ELSE t.errors || jsonb_build_array(
+                             v.error || jsonb_build_object('at', now(),
+                                                           'worker_id', t.worker_id))
+                    END,
+           run_at = CASE WHEN v.state = 'pending'
+                         THEN now() + make_interval(secs => COALESCE(v.delay, 0))
+                         ELSE t.run_at END,
+           finished_at = CASE WHEN v.state = 'pending' AND NOT t.cancel_requested THEN NULL
+                              ELSE now() END,
+           attempt = CASE WHEN v.attempt_reset THEN 0
+                          WHEN v.attempt_refund THEN t.attempt - 1
+                          ELSE t.attempt END,
+           checkpoint = CASE WHEN v.save_checkpoint THEN v.checkpoint ELSE t.checkpoint END,
+           lease_token = NULL,
+           lease_expires_at = NULL
+      FROM v
+     WHERE t.id = v.id
+       AND t.attempt = v.attempt
+       AND t.lease_token = v.token
+       AND t.state = 'running'
+    RETURNING t.id, t.queue, t.state
+)
+SELECT id, state,
+       CASE WHEN state = 'pending' THEN pg_notify('pgqueue', queue)::text END
+  FROM settled;
+
+
+-- name: heartbeat
+-- Renew the leases of all of one worker's in-flight tasks in one UPDATE, each fenced
+-- on its token. The lease expiry itself is not part of the fence: an expired lease that
+-- nobody recovered yet is still ours, and renewing it is safe (only a recovery or a
+-- claim changes the token). Returns the renewed ids and their cancel flags; a missing
+-- id means the lease was lost.
+WITH v AS (
+    SELECT *
+      FROM jsonb_to_recordset(%(leases)s::jsonb) AS v(id bigint, attempt int, token uuid)
+)
+UPDATE pgqueue_task AS t
+   SET lease_expires_at = now() + make_interval(secs => %(lease_seconds)s)
+  FROM v
+ WHERE t.id = v.id
+   AND t.attempt = v.attempt
+   AND t.lease_token = v.token
+   AND t.state = 'running'
+RETURNING t.id, t.cancel_requested;
+
+
+-- name: save_checkpoint
+-- A handler's fenced write of its checkpoint (runs on the handler's own connection,
+-- so it commits with the handler's own transaction if one is open).
+UPDATE pgqueue_task
+   SET checkpoint = %(checkpoint)s::jsonb
+ WHERE id = %(id)s AND attempt = %(attempt)s AND lease_token = %(token)s
+   AND state = 'running'
+RETURNING cancel_requested;
+
+
+-- name: save_progress
+-- A handler's fenced write of its progress report.
+UPDATE pgqueue_task
+   SET progress = %(progress)s::jsonb
+ WHERE id = %(id)s AND attempt = %(attempt)s AND lease_token = %(token)s
+   AND state = 'running'
+RETURNING cancel_requested;
+
+
+-- name: read_cancel_requested
+-- A handler asking, now, whether it should stop. Fenced: a lost lease reads as no row.
+SELECT cancel_requested
+  FROM pgqueue_task
+ WHERE id = %(id)s AND attempt = %(attempt)s AND lease_token = %(token)s
+   AND state = 'running';
+
+
+-- name: recover_expired_leases
+-- The lease sweep: running rows whose lease lapsed (their worker died, hung or lost
+-- the database) go back to pending, or to failed when the attempt the claim already
+-- counted was the last one. That is what stops a task that kills its worker every
+-- time from looping forever. Uses pgqueue_task_lease (only running rows are in it, so
+-- the sweep is cheap however large the table). SKIP LOCKED: two sweepers never
+-- recover the same row twice; a worker settling the row at this instant either wins
+-- (its settle commits first; the row no longer matches) or loses (its fence fails).
+WITH expired AS MATERIALIZED (
+    SELECT id
+      FROM pgqueue_task
+     WHERE state = 'running'
+       AND lease_expires_at < now()
+     ORDER BY lease_expires_at
+     LIMIT %(limit)s
+       FOR NO KEY UPDATE SKIP LOCKED
+),
+recovered AS (
+    UPDATE pgqueue_task AS t
+       SET state = CASE WHEN t.cancel_requested THEN 'cancelled'
+                        WHEN t.attempt >= t.max_attempts THEN 'failed'
+                        ELSE 'pending' END,
+           finished_at = CASE WHEN t.cancel_requested OR t.attempt >= t.max_attempts
+                              THEN now() END,
+           run_at = now(),
+           lease_token = NULL,
+           lease_expires_at = NULL,
+           errors = t.errors || jsonb_build_array(jsonb_build_object(
+               'attempt', t.attempt,
+               'type', 'LeaseExpired',
+               'message', 'the lease of worker ' || COALESCE(t.worker_id, '?')
+                          || ' expired before the task was settled'
+                          || ' (worker crashed, hung, or lost the database)',
+               'traceback', NULL,
+               'outcome', 'lost',
+               'worker_id', t.worker_id,
+               'at', now()))
+      FROM expired AS e
+     WHERE t.id = e.id
+    RETURNING t.id, t.queue, t.state
+)
+SELECT id, state,
+       CASE WHEN state = 'pending' THEN pg_notify('pgqueue', queue)::text END
+  FROM recovered;
+
+
+-- name: cancel_task
+-- Cancel: a pending or waiting task ends cancelled at once; a running one gets
+-- cancel_requested, which its handler sees (context.cancel_requested) and its
+-- settlement turns into cancelled. Terminal tasks are left alone.
+UPDATE pgqueue_task
+   SET state = CASE WHEN state = 'running' THEN state ELSE 'cancelled' END,
+       finished_at = CASE WHEN state = 'running' THEN finished_at ELSE now() END,
+       cancel_requested = true
+ WHERE id = %(id)s
+   AND state IN ('pending', 'waiting', 'running')
+RETURNING id, state;
+
+
+-- name: register_worker
+INSERT INTO pgqueue_worker (id, hostname, pid, queues, routes, concurrency, in_flight,
+                            started_at, last_heartbeat_at)
+VALUES (%(id)s, %(hostname)s, %(pid)s, %(queues)s::jsonb, %(routes)s::jsonb, %(concurrency)s, 0,
+        now(), now())
+ON CONFLICT (id) DO UPDATE SET last_heartbeat_at = now();
+
+
+-- name: touch_worker
+-- The worker's own liveness, written by its heartbeat beside the lease renewal.
+UPDATE pgqueue_worker
+   SET last_heartbeat_at = now(), in_flight = %(in_flight)s
+ WHERE id = %(id)s;
+
+
+-- name: unregister_worker
+DELETE FROM pgqueue_worker WHERE id = %(id)s;
+
+
+-- name: delete_stale_workers
+-- Workers that stopped heartbeating (killed, lost host). Their leases are recovered by
+-- recover_expired_leases; this only cleans the registry the admin shows.
+DELETE FROM pgqueue_worker
+ WHERE last_heartbeat_at < now() - make_interval(secs => %(stale_seconds)s)
+RETURNING id;
+
+
+-- name: prune
+-- Retention: delete a small batch of terminal rows past their time to live, oldest
+-- first, through pgqueue_task_retention. A terminal row has no lease (settlement
+-- clears it), so nothing a worker holds can be pruned.
+WITH doomed AS MATERIALIZED (
+    (SELECT id FROM pgqueue_task
+      WHERE state = 'succeeded'
+        AND finished_at < now() - make_interval(secs => %(result_ttl)s)
+      ORDER BY state, finished_at LIMIT %(batch)s)
+    UNION ALL
+    (SELECT id FROM pgqueue_task
+      WHERE state = 'cancelled'
+        AND finished_at < now() - make_interval(secs => %(result_ttl)s)
+      ORDER BY state, finished_at LIMIT %(batch)s)
+    UNION ALL
+    (SELECT id FROM pgqueue_task
+      WHERE state = 'failed'
+        AND finished_at < now() - make_interval(secs => %(dead_ttl)s)
+      ORDER BY state, finished_at LIMIT %(batch)s)
+)
+DELETE FROM pgqueue_task AS t
+ USING doomed AS d
+ WHERE t.id = d.id
+   AND t.lease_token IS NULL
+RETURNING t.state;
+
+
+-- name: queue_overview
+-- Per queue and task name: what is waiting and whether anyone can run it. A pending,
+-- due task is "routable" when a live worker (heartbeat within the stale window)
+-- serves its queue and has registered its (task_name, handler_version); otherwise it
+-- is "unroutable": a producer was deployed without its consumer. Only live and dead
+-- rows are counted (terminal successes are history), through the partial indexes.
+WITH live_routes AS (
+    SELECT DISTINCT q.queue, r.route ->> 0 AS task_name, (r.route ->> 1)::int AS version
+      FROM pgqueue_worker AS w,
+           jsonb_array_elements_text(w.queues) AS q(queue),
+           jsonb_array_elements(w.routes) AS r(route)
+     WHERE w.last_heartbeat_at > now() - make_interval(secs => %(stale_seconds)s)
+),
+live AS (
+    SELECT t.queue, t.task_name, t.handler_version, t.state, t.run_at
+      FROM pgqueue_task AS t
+     WHERE t.state IN ('pending', 'running', 'waiting', 'failed')
+)
+SELECT l.queue,
+       l.task_name,
+       count(*) FILTER (WHERE l.state = 'pending' AND l.run_at <= now()
+                          AND lr.task_name IS NOT NULL) AS pending_routable,
+       count(*) FILTER (WHERE l.state = 'pending' AND l.run_at <= now()
+                          AND lr.task_name IS NULL) AS pending_unroutable,
+       count(*) FILTER (WHERE l.state = 'pending' AND l.run_at > now()) AS scheduled,
+       count(*) FILTER (WHERE l.state = 'running') AS running,
+       count(*) FILTER (WHERE l.state = 'waiting') AS waiting,
+       count(*) FILTER (WHERE l.state = 'failed') AS failed,
+       EXTRACT(EPOCH FROM now() - min(l.run_at) FILTER (
+           WHERE l.state = 'pending' AND l.run_at <= now()))::float8 AS oldest_due_seconds
+  FROM live AS l
+  LEFT JOIN live_routes AS lr
+    ON lr.queue = l.queue AND lr.task_name = l.task_name AND lr.version = l.handler_version
+ GROUP BY l.queue, l.task_name
+ ORDER BY l.queue, l.task_name;

@@ -1,0 +1,49 @@
+"""The sweeper: recovers tasks whose lease expired, and cleans stale worker rows.
+
+Recovery burns the attempt the claim already counted: a task that kills its worker
+every time runs out of attempts and dead-letters instead of looping.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from django_pgqueue.worker.periodic import Periodic
+from django_pgqueue.worker.stats import WorkerStats
+
+logger = logging.getLogger("django_pgqueue.worker")
+
+BATCH = 100
+
+
+class Sweeper(Periodic):
+    name = "sweeper"
+
+    def __init__(self, alias: str, interval: float, stale_after: float, stats: WorkerStats) -> None:
+        super().__init__(alias, interval)
+        self.stale_after = stale_after
+        self.stats = stats
+        self._ticks = 0
+
+    def tick(self) -> None:
+        self.recover_expired_leases()
+        self._ticks += 1
+        if self._ticks * self.interval >= self.stale_after / 2:
+            self._ticks = 0
+            removed = self.session.fetchall(
+                "delete_stale_workers", {"stale_seconds": self.stale_after}
+            )
+            if removed:
+                logger.info("sweeper: removed %d stale worker row(s)", len(removed))
+
+    def recover_expired_leases(self) -> int:
+        total = 0
+        while True:
+            rows = self.session.fetchall("recover_expired_leases", {"limit": BATCH})
+            for task_id, state, _ in rows:
+                logger.warning("sweeper: task %s lease expired; now %s", task_id, state)
+            total += len(rows)
+            if len(rows) < BATCH:
+                break
+        self.stats.incr("leases_recovered", total)
+        return total

@@ -1,0 +1,265 @@
+"""One worker process: composes the components and owns startup and shutdown."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import socket
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+
+from django_pgqueue.conf import get_settings
+from django_pgqueue.registry import registry
+from django_pgqueue.sql import QUERIES
+from django_pgqueue.worker.claimer import Claimer
+from django_pgqueue.worker.connection import Session
+from django_pgqueue.worker.execution import AsyncRunner, ClaimedTask, Outcome, execute, released
+from django_pgqueue.worker.heartbeat import Heartbeat
+from django_pgqueue.worker.inflight import InFlight
+from django_pgqueue.worker.listener import Listener
+from django_pgqueue.worker.pruner import Pruner
+from django_pgqueue.worker.settler import Settler
+from django_pgqueue.worker.slots import SlotPool
+from django_pgqueue.worker.stats import WorkerStats
+from django_pgqueue.worker.sweeper import Sweeper
+
+logger = logging.getLogger("django_pgqueue.worker")
+
+# Exit code of a worker that stopped to be replaced (too many written-off slots).
+EXIT_RECYCLE = 75
+
+
+@dataclass
+class WorkerOptions:
+    """Everything ``runtaskworker`` can set; defaults come from settings.PGQUEUE."""
+
+    queues: list[str] = field(default_factory=list)
+    concurrency: int = 0
+    lease_seconds: float = 0
+    heartbeat_seconds: float = 0
+    poll_interval: float = 0
+    sweep_interval: float = 0
+    shutdown_grace: float = 0
+    starvation_timeout: float = 0
+    timeout_grace: float = 0
+    write_off_limit: int = 0
+    burst: bool = False
+    prune: bool = True
+
+    @classmethod
+    def from_settings(cls, **overrides: object) -> WorkerOptions:
+        conf = get_settings()
+        options = cls(
+            queues=list(conf.QUEUES),
+            concurrency=conf.CONCURRENCY,
+            lease_seconds=conf.LEASE_SECONDS,
+            heartbeat_seconds=conf.HEARTBEAT_SECONDS,
+            poll_interval=conf.POLL_INTERVAL,
+            sweep_interval=conf.SWEEP_INTERVAL,
+            shutdown_grace=conf.SHUTDOWN_GRACE,
+            starvation_timeout=conf.STARVATION_TIMEOUT,
+            timeout_grace=conf.TIMEOUT_GRACE,
+            write_off_limit=conf.WRITE_OFF_LIMIT,
+        )
+        for key, value in overrides.items():
+            if value is not None:
+                setattr(options, key, value)
+        return options
+
+
+class Worker:
+    def __init__(self, options: WorkerOptions) -> None:
+        conf = get_settings()
+        self.options = options
+        self.alias = conf.DATABASE
+        self.worker_id = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+        self.stats = WorkerStats()
+        self.inflight = InFlight()
+        definitions = registry.all()
+        self.routes = [d.route for d in definitions]
+        self._async_runner = AsyncRunner() if any(d.is_async for d in definitions) else None
+        self._stop_requested = threading.Event()
+        self._signals = 0
+        self.exit_code = 0
+
+        self.settler = Settler(self.alias, self.inflight, self.stats)
+        self.slots = SlotPool(
+            options.concurrency,
+            execute=self._execute,
+            on_outcome=self.settler.put,
+            stats=self.stats,
+            timeout_grace=options.timeout_grace,
+            write_off_limit=options.write_off_limit,
+            on_recycle=self.request_recycle,
+        )
+        self.claimer = Claimer(
+            self.alias,
+            self.worker_id,
+            options.queues,
+            self.routes,
+            self.slots,
+            self.inflight,
+            self.stats,
+            lease_seconds=options.lease_seconds,
+            poll_interval=options.poll_interval,
+            starvation_timeout=options.starvation_timeout,
+        )
+        self.listener = Listener(self.alias, options.queues, self.claimer.wake)
+        self.heartbeat = Heartbeat(
+            self.alias,
+            options.heartbeat_seconds,
+            options.lease_seconds,
+            self.worker_id,
+            self.inflight,
+            self.stats,
+            self._register,
+        )
+        self.sweeper = Sweeper(
+            self.alias, options.sweep_interval, conf.WORKER_STALE_AFTER, self.stats
+        )
+        self.pruner = (
+            Pruner(
+                self.alias,
+                conf.PRUNE_INTERVAL,
+                conf.RESULT_TTL,
+                conf.DEAD_TTL,
+                conf.PRUNE_BATCH,
+                self.stats,
+            )
+            if options.prune
+            else None
+        )
+        self._registry_stop = threading.Event()
+        self._registry_session = Session(self.alias, "registry", self._registry_stop)
+
+    # -- running ----------------------------------------------------------------------
+    def _execute(self, task: ClaimedTask) -> Outcome:
+        return execute(task, self.alias, self._async_runner)
+
+    def run(self, install_signals: bool = True) -> int:
+        """Run until stopped (signal, burst drained, recycle). Returns the exit code."""
+        if not self.routes:
+            logger.warning("no tasks are registered in this process: nothing can be claimed")
+        if install_signals:
+            signal.signal(signal.SIGTERM, self._on_signal)
+            signal.signal(signal.SIGINT, self._on_signal)
+        self._register()
+        for component in self._components():
+            component.start()
+        logger.info(
+            "worker %s started: queues=%s concurrency=%d lease=%gs heartbeat=%gs tasks=%s",
+            self.worker_id,
+            ",".join(self.options.queues),
+            self.options.concurrency,
+            self.options.lease_seconds,
+            self.options.heartbeat_seconds,
+            ",".join(self.routes),
+        )
+        try:
+            while not self._stop_requested.wait(0.05 if self.options.burst else 1.0):
+                if self.options.burst and self._burst_done():
+                    logger.info("burst: no task is due; stopping")
+                    break
+        finally:
+            self._shutdown()
+        return self.exit_code
+
+    def _components(self) -> list:
+        parts = [
+            self.settler,
+            self.slots,
+            self.heartbeat,
+            self.sweeper,
+            self.listener,
+            self.claimer,
+        ]
+        if self.pruner is not None:
+            parts.insert(4, self.pruner)
+        return parts
+
+    def _burst_done(self) -> bool:
+        return self.claimer.idle.is_set() and not self.inflight
+
+    def stop(self) -> None:
+        self._stop_requested.set()
+
+    def request_recycle(self) -> None:
+        logger.error("too many slots written off; stopping so this process is replaced")
+        self.exit_code = EXIT_RECYCLE
+        self._stop_requested.set()
+
+    def _on_signal(self, signum: int, _frame: object) -> None:
+        self._signals += 1
+        if self._signals > 1:
+            logger.warning(
+                "second signal (%s): exiting now; unfinished leases will expire",
+                signal.Signals(signum).name,
+            )
+            os._exit(1)
+        logger.info(
+            "signal %s: stopping claims; running handlers get %.0fs to finish",
+            signal.Signals(signum).name,
+            self.options.shutdown_grace,
+        )
+        self._stop_requested.set()
+
+    # -- shutdown ---------------------------------------------------------------------
+    def _shutdown(self) -> None:
+        """Stop claiming at once, let handlers finish within the grace period, then
+        release what is still running (fenced; the attempt is not refunded)."""
+        self.claimer.stop()
+        self.listener.stop()
+        deadline = time.monotonic() + self.options.shutdown_grace
+        while time.monotonic() < deadline and self.inflight.running():
+            time.sleep(0.02)
+        unfinished = self.inflight.running()
+        for task in unfinished:
+            logger.warning(
+                "task %s (%s) attempt %s did not finish within the grace period; "
+                "releasing its lease",
+                task.id,
+                task.task_name,
+                task.attempt,
+            )
+            self.settler.put(released(task))
+        self.slots.stop()
+        self.settler.stop(timeout=10)
+        self.heartbeat.stop()
+        self.sweeper.stop()
+        if self.pruner is not None:
+            self.pruner.stop()
+        if self._async_runner is not None:
+            self._async_runner.stop()
+        self._unregister()
+        counts = self.stats.snapshot()
+        logger.info(
+            "worker %s stopped: %s",
+            self.worker_id,
+            " ".join(f"{k}={v}" for k, v in sorted(counts.items())) or "no tasks",
+        )
+
+    # -- registry ---------------------------------------------------------------------
+    def _register(self) -> None:
+        params = {
+            "id": self.worker_id,
+            "hostname": socket.gethostname(),
+            "pid": os.getpid(),
+            "queues": json.dumps(self.options.queues),
+            "routes": json.dumps([[d.name, d.version] for d in registry.all()]),
+            "concurrency": self.options.concurrency,
+        }
+        self._registry_session.call(lambda conn: conn.execute(QUERIES["register_worker"], params))
+
+    def _unregister(self) -> None:
+        try:
+            self._registry_session.call(
+                lambda conn: conn.execute(QUERIES["unregister_worker"], {"id": self.worker_id}),
+                retry=False,
+            )
+        except Exception:
+            logger.warning("could not remove worker row %s; the sweep will", self.worker_id)
+        self._registry_session.close()

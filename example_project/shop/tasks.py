@@ -1,0 +1,36 @@
+"""The example site's tasks. Imported automatically: this is an installed app's tasks.py."""
+
+import time
+
+from django.utils import timezone
+
+from django_pgqueue import Retry, TaskContext, task
+
+from .models import Order
+
+
+@task(queue="emails", priority=10, max_attempts=5, timeout=60)
+def send_receipt(order_id: int) -> str:
+    """Idempotent: a second run finds receipt_sent_at set and does nothing."""
+    updated = Order.objects.filter(pk=order_id, receipt_sent_at__isnull=True).update(
+        receipt_sent_at=timezone.now()
+    )
+    return "sent" if updated else "already sent"
+
+
+@task(takes_context=True, backoff={"base": 0.2, "factor": 2, "cap": 1, "jitter": 0})
+def flaky_sync(context: TaskContext, order_id: int) -> str:
+    """Fails on its first attempt, to show a retry with backoff."""
+    if context.attempt == 1:
+        raise Retry(delay=0.2, reason="upstream inventory API timed out (demo)")
+    return f"inventory synced for order {order_id} on attempt {context.attempt}"
+
+
+@task(takes_context=True)
+def rebuild_report(context: TaskContext, days: int) -> dict:
+    """Sliced work with progress reports."""
+    done = (context.checkpoint or {}).get("done", 0)
+    for day in range(done, days):
+        time.sleep(0.01)
+        context.report_progress({"day": day + 1, "of": days})
+    return {"days": days, "attempt": context.attempt}
