@@ -31,7 +31,7 @@ WITH inserted AS (
         %(queue)s, %(task_name)s, %(handler_version)s, %(priority)s,
         %(args)s::jsonb, %(kwargs)s::jsonb,
         COALESCE(%(run_at)s::timestamptz,
-                 now() + make_interval(secs => COALESCE(%(delay)s::float8, 0))),
+                 statement_timestamp() + make_interval(secs => COALESCE(%(delay)s::float8, 0))),
         %(max_attempts)s, %(retry_policy)s::jsonb,
         make_interval(secs => %(timeout)s::float8), %(unique_key)s, %(metadata)s::jsonb
     )
@@ -54,7 +54,7 @@ WITH inserted AS (
         %(queue)s, %(task_name)s, %(handler_version)s, %(priority)s,
         %(args)s::jsonb, %(kwargs)s::jsonb,
         COALESCE(%(run_at)s::timestamptz,
-                 now() + make_interval(secs => COALESCE(%(delay)s::float8, 0))),
+                 statement_timestamp() + make_interval(secs => COALESCE(%(delay)s::float8, 0))),
         %(max_attempts)s, %(retry_policy)s::jsonb,
         make_interval(secs => %(timeout)s::float8), %(unique_key)s, %(metadata)s::jsonb
     )
@@ -79,12 +79,14 @@ SELECT id
 -- server-side. Rows with a unique_key that is already live are skipped (they return
 -- no id; the caller looks them up). One notification per distinct queue.
 WITH rows AS (
-    SELECT r.*, ordinality
-      FROM jsonb_to_recordset(%(rows)s::jsonb) WITH ORDINALITY AS r(
-               queue text, task_name text, handler_version int, priority smallint,
-               args jsonb, kwargs jsonb, run_at timestamptz, delay float8,
-               max_attempts int, retry_policy jsonb, timeout float8,
-               unique_key text, metadata jsonb)
+    SELECT *
+      FROM ROWS FROM (
+               jsonb_to_recordset(%(rows)s::jsonb) AS (
+                   queue text, task_name text, handler_version int, priority smallint,
+                   args jsonb, kwargs jsonb, run_at timestamptz, delay float8,
+                   max_attempts int, retry_policy jsonb, timeout float8,
+                   unique_key text, metadata jsonb)
+           ) WITH ORDINALITY AS r
 ),
 inserted AS (
     INSERT INTO pgqueue_task (
@@ -92,7 +94,7 @@ inserted AS (
         max_attempts, retry_policy, timeout, unique_key, metadata
     )
     SELECT queue, task_name, handler_version, priority, args, kwargs,
-           COALESCE(run_at, now() + make_interval(secs => COALESCE(delay, 0))),
+           COALESCE(run_at, statement_timestamp() + make_interval(secs => COALESCE(delay, 0))),
            max_attempts, retry_policy, make_interval(secs => timeout), unique_key, metadata
       FROM rows
      ORDER BY ordinality

@@ -1,0 +1,77 @@
+"""Settings for the test suite and for the worker subprocesses the tests start.
+
+With DATABASE_URL set, the tests use that server. Without it, conftest.py starts an
+embedded PostgreSQL once per test run and fills in the connection below; worker
+subprocesses always receive DATABASE_URL (pointing at the test database).
+"""
+
+import os
+
+import environ
+
+SECRET_KEY = "tests-only"
+DEBUG = False
+USE_TZ = True
+TIME_ZONE = "UTC"
+ALLOWED_HOSTS = ["*"]
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "django_pgqueue",
+    "tests.testapp",
+]
+MIDDLEWARE = [
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+]
+ROOT_URLCONF = "tests.urls"
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ]
+        },
+    }
+]
+STATIC_URL = "static/"
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+if os.environ.get("DATABASE_URL"):
+    DATABASES = {"default": environ.Env.db_url_config(os.environ["DATABASE_URL"])}
+else:
+    # Filled in by the session fixture in tests/conftest.py (embedded server).
+    DATABASES = {
+        "default": {
+            "ENGINE": "django.db.backends.postgresql",
+            "NAME": "pgqueue",
+            "USER": "postgres",
+        }
+    }
+
+PGQUEUE = {
+    "QUEUES": ["default"],
+    "TASK_MODULES": ["tests.tasks"],
+    "DEFAULT_BACKOFF": {"base": 0.05, "factor": 2.0, "cap": 0.2, "jitter": 0.0},
+    "POLL_INTERVAL": 0.5,
+}
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(process)d %(message)s"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "loggers": {"django_pgqueue": {"handlers": ["console"], "level": "INFO"}},
+}

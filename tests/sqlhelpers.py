@@ -1,0 +1,72 @@
+"""Direct calls of the named SQL, as a worker makes them (for tests of the contract)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import psycopg
+
+from django_pgqueue.registry import registry
+from django_pgqueue.sql import QUERIES
+from django_pgqueue.worker.execution import ClaimedTask
+
+
+def all_routes() -> list[str]:
+    return [d.route for d in registry.all()]
+
+
+def claim(
+    conn: psycopg.Connection,
+    limit: int = 1,
+    worker_id: str = "w1",
+    *,
+    queue: str = "default",
+    routes: list[str] | None = None,
+    lease: float = 30,
+    starvation: float = 3600,
+) -> list[ClaimedTask]:
+    rows = conn.execute(
+        QUERIES["claim"],
+        {
+            "queue": queue,
+            "limit": limit,
+            "routes": all_routes() if routes is None else routes,
+            "lease_seconds": lease,
+            "starvation_seconds": starvation,
+            "worker_id": worker_id,
+        },
+    ).fetchall()
+    return [ClaimedTask.from_row(r) for r in rows]
+
+
+def settle(conn: psycopg.Connection, outcomes: list[dict[str, Any]]) -> dict[int, str]:
+    rows = conn.execute(QUERIES["settle"], {"outcomes": json.dumps(outcomes)}).fetchall()
+    return {r[0]: r[1] for r in rows}
+
+
+def success(task: ClaimedTask, result: Any = None) -> dict[str, Any]:
+    return {
+        "id": task.id,
+        "attempt": task.attempt,
+        "token": str(task.lease_token),
+        "state": "succeeded",
+        "result": result,
+    }
+
+
+def expire_lease(conn: psycopg.Connection, task_id: int) -> None:
+    conn.execute(
+        "UPDATE pgqueue_task SET lease_expires_at = now() - interval '1 second' WHERE id = %s",
+        [task_id],
+    )
+
+
+def sweep(conn: psycopg.Connection) -> list[tuple]:
+    return conn.execute(QUERIES["recover_expired_leases"], {"limit": 100}).fetchall()
+
+
+def row(conn: psycopg.Connection, task_id: int) -> dict[str, Any]:
+    cur = conn.execute("SELECT * FROM pgqueue_task WHERE id = %s", [task_id])
+    names = [c.name for c in cur.description]
+    return dict(zip(names, cur.fetchone(), strict=True))

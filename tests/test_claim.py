@@ -1,0 +1,149 @@
+"""The claim statement: what it takes, what it leaves, and what two claimers see."""
+
+import threading
+from datetime import timedelta
+
+import pytest
+from django.utils import timezone
+
+from django_pgqueue.worker.connection import connect
+from tests import tasks
+from tests.factories import TaskFactory
+from tests.sqlhelpers import claim, row
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def test_claim_leases_exactly_the_rows_asked_for(pg):
+    tasks.noop.enqueue_many(range(5))
+
+    claimed = claim(pg, limit=2)
+
+    assert len(claimed) == 2
+    states = dict(pg.execute("SELECT state, count(*) FROM pgqueue_task GROUP BY state").fetchall())
+    assert states == {"running": 2, "pending": 3}
+
+
+def test_claim_increments_the_attempt_and_stamps_a_fresh_lease(pg):
+    task_id = tasks.noop.enqueue(1)
+
+    (task,) = claim(pg, limit=1, worker_id="w-a", lease=30)
+
+    stored = row(pg, task_id)
+    assert task.attempt == stored["attempt"] == 1
+    assert stored["lease_token"] == task.lease_token is not None
+    assert stored["worker_id"] == "w-a"
+    lease = stored["lease_expires_at"] - task.claimed_at
+    assert timedelta(seconds=29) < lease <= timedelta(seconds=30)
+    assert stored["started_at"] == stored["last_attempted_at"] == task.claimed_at
+
+
+def test_a_second_claimer_skips_rows_the_first_holds(pg):
+    tasks.noop.enqueue_many(range(3))
+    with connect("default") as other:
+        other.autocommit = False
+        held = claim(other, limit=2, worker_id="w-a")  # locked, not yet committed
+
+        mine = claim(pg, limit=3, worker_id="w-b")
+
+        other.rollback()
+    assert len(held) == 2
+    assert len(mine) == 1
+    assert mine[0].id not in {t.id for t in held}
+
+
+def test_future_tasks_are_not_claimed_before_run_at(pg):
+    tasks.noop.using(delay=3600).enqueue()
+
+    assert claim(pg, limit=5) == []
+
+
+def test_claim_orders_by_priority_then_run_at_then_id(pg):
+    now = timezone.now()
+    low = TaskFactory(priority=-5, run_at=now - timedelta(seconds=30))
+    high_late = TaskFactory(priority=10, run_at=now - timedelta(seconds=1))
+    high_early = TaskFactory(priority=10, run_at=now - timedelta(seconds=2))
+    mid_a = TaskFactory(priority=0, run_at=now - timedelta(seconds=5))
+    mid_b = TaskFactory(priority=0, run_at=now - timedelta(seconds=5))
+
+    order = [claim(pg, limit=1)[0].id for _ in range(5)]
+
+    assert order == [high_early.id, high_late.id, mid_a.id, mid_b.id, low.id]
+
+
+def test_a_starving_task_takes_one_slot_of_the_batch_regardless_of_priority(pg):
+    now = timezone.now()
+    starving = TaskFactory(priority=-100, run_at=now - timedelta(minutes=10))
+    urgent = [TaskFactory(priority=100, run_at=now) for _ in range(5)]
+
+    batch = claim(pg, limit=3, starvation=60)
+
+    ids = {t.id for t in batch}
+    assert starving.id in ids
+    assert len(ids & {t.id for t in urgent}) == 2
+
+
+def test_a_starving_task_wins_even_a_single_slot(pg):
+    now = timezone.now()
+    starving = TaskFactory(priority=-100, run_at=now - timedelta(minutes=10))
+    TaskFactory(priority=100, run_at=now)
+
+    assert [t.id for t in claim(pg, limit=1, starvation=60)] == [starving.id]
+
+
+def test_without_starvation_priority_decides(pg):
+    now = timezone.now()
+    TaskFactory(priority=-100, run_at=now - timedelta(seconds=10))
+    urgent = TaskFactory(priority=100, run_at=now)
+
+    assert [t.id for t in claim(pg, limit=1, starvation=60)] == [urgent.id]
+
+
+def test_unregistered_names_and_versions_stay_pending_and_burn_no_attempt(pg):
+    unknown = TaskFactory(task_name="billing.charge")
+    old_version = TaskFactory(task_name="tests.versioned", handler_version=1)
+    current = TaskFactory(task_name="tests.versioned", handler_version=2)
+
+    claimed = claim(pg, limit=10)
+
+    assert [t.id for t in claimed] == [current.id]
+    for task in (unknown, old_version):
+        stored = row(pg, task.id)
+        assert (stored["state"], stored["attempt"]) == ("pending", 0)
+
+
+def test_claim_only_takes_its_own_queue(pg):
+    tasks.other_queue.enqueue(1)
+    tasks.noop.enqueue(1)
+
+    claimed = claim(pg, limit=10, queue="other")
+
+    assert [t.task_name for t in claimed] == ["tests.tasks.other_queue"]
+
+
+def test_many_concurrent_claimers_never_take_the_same_row(db_url):
+    total = 2000
+    tasks.noop.enqueue_many(range(total))
+    seen: list[list[int]] = []
+    errors: list[BaseException] = []
+
+    def claimer(n: int) -> None:
+        mine: list[int] = []
+        try:
+            with connect("default") as conn:
+                while batch := claim(conn, limit=7, worker_id=f"w{n}"):
+                    mine.extend(t.id for t in batch)
+        except BaseException as exc:  # surfaced below
+            errors.append(exc)
+        seen.append(mine)
+
+    threads = [threading.Thread(target=claimer, args=(n,)) for n in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+
+    assert not errors
+    everything = [task_id for mine in seen for task_id in mine]
+    assert len(everything) == total
+    assert len(set(everything)) == total

@@ -1,0 +1,195 @@
+"""Fencing: every write about a claimed task carries (id, attempt, lease token)."""
+
+import json
+import logging
+import threading
+
+import pytest
+
+from django_pgqueue.sql import QUERIES
+from django_pgqueue.worker.execution import SUCCESS, Outcome, released
+from django_pgqueue.worker.heartbeat import Heartbeat
+from django_pgqueue.worker.inflight import InFlight
+from django_pgqueue.worker.settler import Settler
+from django_pgqueue.worker.stats import WorkerStats
+from tests import tasks
+from tests.sqlhelpers import claim, expire_lease, row, settle, success, sweep
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def lapse_and_reclaim(pg, task_id):
+    """Worker A's lease lapses; the sweep recovers the task; worker B claims it."""
+    expire_lease(pg, task_id)
+    assert [(r[0], r[1]) for r in sweep(pg)] == [(task_id, "pending")]
+    (taken_over,) = claim(pg, limit=1, worker_id="w-b")
+    return taken_over
+
+
+def test_a_late_settlement_after_takeover_changes_nothing(pg):
+    task_id = tasks.noop.enqueue(1)
+    (mine,) = claim(pg, limit=1, worker_id="w-a")
+    theirs = lapse_and_reclaim(pg, task_id)
+
+    written = settle(pg, [success(mine, result="from A")])
+
+    assert written == {}
+    stored = row(pg, task_id)
+    assert (stored["state"], stored["attempt"], stored["worker_id"]) == ("running", 2, "w-b")
+    assert stored["lease_token"] == theirs.lease_token
+    assert stored["result"] is None
+
+
+def test_the_current_holder_settles_normally_after_a_takeover(pg):
+    task_id = tasks.noop.enqueue(1)
+    claim(pg, limit=1, worker_id="w-a")
+    theirs = lapse_and_reclaim(pg, task_id)
+
+    assert settle(pg, [success(theirs, result="from B")]) == {task_id: "succeeded"}
+    assert row(pg, task_id)["result"] == "from B"
+
+
+def test_settler_counts_and_logs_a_lost_lease_and_never_reports_success(pg, caplog):
+    task_id = tasks.noop.enqueue(1)
+    (mine,) = claim(pg, limit=1, worker_id="w-a")
+    lapse_and_reclaim(pg, task_id)
+    stats, inflight = WorkerStats(), InFlight()
+    inflight.add([mine])
+    settler = Settler("default", inflight, stats)
+    settler.start()
+
+    with caplog.at_level(logging.WARNING, logger="django_pgqueue.worker"):
+        settler.put(Outcome(mine, SUCCESS, "succeeded", result=1))
+        settler.stop(timeout=10)
+
+    assert stats.get("lost") == 1
+    assert stats.get(SUCCESS) == 0
+    assert "lease lost before settlement" in caplog.text
+    assert len(inflight) == 0
+
+
+def test_one_settle_statement_writes_a_batch_and_reports_each_row(pg):
+    ids = tasks.noop.enqueue_many(range(3))
+    claimed = claim(pg, limit=3, worker_id="w-a")
+    stale = claimed[0]
+    lapse_and_reclaim(pg, stale.id)
+
+    written = settle(pg, [success(t, result=t.id) for t in claimed])
+
+    assert set(written) == set(ids) - {stale.id}
+    assert row(pg, stale.id)["state"] == "running"
+
+
+def test_heartbeat_renews_all_leases_in_one_fenced_update(pg):
+    tasks.noop.enqueue_many(range(3))
+    claimed = claim(pg, limit=3, worker_id="w-a", lease=5)
+    lost = claimed[0]
+    lapse_and_reclaim(pg, lost.id)
+    leases = json.dumps(
+        [{"id": t.id, "attempt": t.attempt, "token": str(t.lease_token)} for t in claimed]
+    )
+
+    renewed = pg.execute(QUERIES["heartbeat"], {"leases": leases, "lease_seconds": 60}).fetchall()
+
+    assert {r[0] for r in renewed} == {t.id for t in claimed[1:]}
+    for task in claimed[1:]:
+        assert row(pg, task.id)["lease_expires_at"] > task.lease_expires_at
+
+
+def test_heartbeat_flags_the_context_of_a_task_whose_lease_was_lost(pg):
+    task_id = tasks.noop.enqueue(1)
+    (mine,) = claim(pg, limit=1, worker_id="w-a")
+    from django_pgqueue.worker.execution import make_context
+
+    mine.context = make_context(mine, "default")
+    inflight, stats = InFlight(), WorkerStats()
+    inflight.add([mine])
+    lapse_and_reclaim(pg, task_id)
+    heartbeat = Heartbeat("default", 10, 30, "w-a", inflight, stats, register=lambda: None)
+
+    heartbeat.renew_leases()
+    heartbeat.session.close()
+
+    assert mine.context.lease_lost
+    assert stats.get("lease_lost") == 1
+
+
+def test_heartbeat_renews_a_lapsed_lease_nobody_recovered(pg):
+    task_id = tasks.noop.enqueue(1)
+    (mine,) = claim(pg, limit=1, worker_id="w-a")
+    expire_lease(pg, task_id)
+    leases = json.dumps([{"id": mine.id, "attempt": 1, "token": str(mine.lease_token)}])
+
+    renewed = pg.execute(QUERIES["heartbeat"], {"leases": leases, "lease_seconds": 30}).fetchall()
+
+    assert [r[0] for r in renewed] == [task_id]
+    assert sweep(pg) == []
+
+
+def test_checkpoint_and_progress_writes_are_fenced(pg):
+    task_id = tasks.noop.enqueue(1)
+    (mine,) = claim(pg, limit=1, worker_id="w-a")
+    lapse_and_reclaim(pg, task_id)
+    params = {"id": mine.id, "attempt": mine.attempt, "token": str(mine.lease_token)}
+
+    saved = pg.execute(QUERIES["save_checkpoint"], {**params, "checkpoint": '{"x": 1}'})
+    progressed = pg.execute(QUERIES["save_progress"], {**params, "progress": '{"x": 1}'})
+
+    assert saved.rowcount == 0 and progressed.rowcount == 0
+    assert row(pg, task_id)["checkpoint"] is None
+
+
+def test_release_hands_the_task_back_without_refunding_the_attempt(pg):
+    task_id = tasks.noop.enqueue(1)
+    (mine,) = claim(pg, limit=1)
+
+    settle(pg, [released(mine).as_row()])
+
+    stored = row(pg, task_id)
+    assert (stored["state"], stored["attempt"], stored["lease_token"]) == ("pending", 1, None)
+    assert [t.id for t in claim(pg, limit=1, worker_id="w-b")] == [task_id]
+
+
+def test_release_on_the_final_attempt_dead_letters_with_an_explanation(pg):
+    task_id = tasks.noop.using(max_attempts=1).enqueue(1)
+    (mine,) = claim(pg, limit=1)
+
+    settle(pg, [released(mine).as_row()])
+
+    stored = row(pg, task_id)
+    assert stored["state"] == "failed"
+    assert stored["errors"][-1]["type"] == "WorkerShutdown"
+
+
+def test_sweep_dead_letters_an_expired_lease_on_the_final_attempt(pg):
+    task_id = tasks.noop.using(max_attempts=1).enqueue(1)
+    claim(pg, limit=1)
+    expire_lease(pg, task_id)
+
+    assert [(r[0], r[1]) for r in sweep(pg)] == [(task_id, "failed")]
+    stored = row(pg, task_id)
+    assert stored["errors"][-1]["type"] == "LeaseExpired"
+    assert stored["finished_at"] is not None
+
+
+def test_two_sweepers_recover_each_expired_lease_once(pg):
+    ids = tasks.noop.enqueue_many(range(50))
+    claim(pg, limit=50)
+    pg.execute("UPDATE pgqueue_task SET lease_expires_at = now() - interval '1 second'")
+    results: list[list[tuple]] = []
+
+    def run_sweep() -> None:
+        from django_pgqueue.worker.connection import connect
+
+        with connect("default") as conn:
+            results.append(sweep(conn))
+
+    threads = [threading.Thread(target=run_sweep) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+
+    recovered = [r[0] for result in results for r in result]
+    assert sorted(recovered) == sorted(ids)
+    assert {len(row(pg, i)["errors"]) for i in ids} == {1}
