@@ -141,3 +141,10 @@ def other_queue(n: int) -> int:
 @task
 def return_unserializable() -> object:
     return object()
+
+
+@task
+def just_sleep(seconds: float) -> float:
+    """Touches no database: its outcome only needs the settler."""
+    time.sleep(seconds)
+    return seconds

@@ -178,9 +178,12 @@ def test_enqueue_on_commit_returns_the_id_now_and_inserts_at_commit(
 def test_enqueue_on_commit_in_a_rolled_back_block_inserts_nothing(
     django_capture_on_commit_callbacks,
 ):
-    with django_capture_on_commit_callbacks(execute=True) as callbacks:
-        with pytest.raises(RuntimeError), transaction.atomic():
-            tasks.noop.enqueue_on_commit(5)
-            raise RuntimeError("roll back")
+    with (
+        django_capture_on_commit_callbacks(execute=True) as callbacks,
+        pytest.raises(RuntimeError),
+        transaction.atomic(),
+    ):
+        tasks.noop.enqueue_on_commit(5)
+        raise RuntimeError("roll back")
     assert callbacks == []
     assert Task.objects.count() == 0
