@@ -13,8 +13,10 @@ import json
 import logging
 import queue
 import threading
-from typing import Any
 
+from django_pgqueue.exceptions import TaskNotRegistered
+from django_pgqueue.registry import registry
+from django_pgqueue.signals import task_settled
 from django_pgqueue.sql import QUERIES
 from django_pgqueue.worker.connection import CONNECTION_ERRORS, Session
 from django_pgqueue.worker.execution import LOST, SUCCESS, Outcome
@@ -37,7 +39,6 @@ class Settler:
         self._abort = threading.Event()
         self.session = Session(alias, self.name, self._abort)
         self._thread = threading.Thread(target=self._run, name="pgqueue-settler", daemon=True)
-        self.observers: list[Any] = []
 
     def start(self) -> None:
         self._thread.start()
@@ -55,6 +56,26 @@ class Settler:
             self._abort.set()
             self._thread.join(1.0)
         self.session.close()
+
+    def _announce(self, outcome: Outcome, state: str | None) -> None:
+        task = outcome.task
+        if not task_settled.receivers:
+            return
+        try:
+            definition = registry.get(task.task_name)
+        except TaskNotRegistered:
+            return
+        results = task_settled.send_robust(
+            definition,
+            task_id=task.id,
+            attempt=task.attempt,
+            outcome=outcome.label,
+            state=state,
+            written=state is not None,
+        )
+        for receiver, result in results:
+            if isinstance(result, Exception):
+                logger.error("task_settled receiver %r raised %r (ignored)", receiver, result)
 
     def _run(self) -> None:
         stopping = False
@@ -114,6 +135,5 @@ class Settler:
                     task.attempt,
                     outcome.label,
                 )
-            for observer in self.observers:
-                observer(outcome, task.id in written)
+            self._announce(outcome, written.get(task.id))
         self._inflight.remove([o.task.id for o in batch])
