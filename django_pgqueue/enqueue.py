@@ -124,54 +124,46 @@ def _split_call(item: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
 
 
 def enqueue_many(definition: TaskDefinition, calls: Iterable[Any]) -> list[int]:
-    """All rows in one INSERT ... SELECT FROM jsonb_to_recordset(...) statement."""
-    rows = []
+    """All calls in one INSERT ... SELECT statement; returns the ids in input order.
+
+    The options (queue, priority, run_at, ...) are validated once for the batch; each
+    call's args and kwargs are checked like a single enqueue's. With a unique_key, the
+    whole batch shares it: at most one task is inserted and every position returns it.
+    """
+    shared = build_row(definition, (), {})
+    args_list: list[Any] = []
+    kwargs_list: list[Any] = []
     for index, item in enumerate(calls):
         args, kwargs = _split_call(item)
         try:
-            row = build_row(definition, args, kwargs)
+            args_list.append(_checked_args(args))
+            kwargs_list.append(check_json(kwargs, "kwargs") if kwargs else _EMPTY)
         except InvalidTaskError as exc:
             raise InvalidTaskError(f"item {index}: {exc}") from exc
-        del row["id"]
-        for key in ("args", "kwargs", "retry_policy", "metadata"):
-            row[key] = _Raw(row[key])
-        if row["run_at"] is not None:
-            row["run_at"] = row["run_at"].isoformat()
-        rows.append(row)
-    if not rows:
+    if not args_list:
         return []
+    params = {**shared, "args_list": dumps(args_list), "kwargs_list": dumps(kwargs_list)}
     with connections[database_alias()].cursor() as cursor:
-        cursor.execute(QUERIES["enqueue_many"], {"rows": _dump_rows(rows)})
-        inserted = cursor.fetchall()
-        ids: list[int | None] = [None] * len(rows)
-        keyed = {key: row_id for row_id, key, _ in inserted if key is not None}
-        unkeyed = iter(row_id for row_id, key, _ in inserted if key is None)
-        missing_keys = []
-        for index, row in enumerate(rows):
-            if row["unique_key"] is None:
-                ids[index] = next(unkeyed)
-            elif row["unique_key"] in keyed:
-                ids[index] = keyed[row["unique_key"]]
-            else:
-                missing_keys.append(index)
-        for index in missing_keys:
-            cursor.execute(QUERIES["find_live_unique"], {"unique_key": rows[index]["unique_key"]})
+        cursor.execute(QUERIES["enqueue_many"], params)
+        ids = [row[0] for row in cursor.fetchall()]
+        unique_key = shared["unique_key"]
+        if unique_key is None:
+            return ids
+        if not ids:
+            cursor.execute(QUERIES["find_live_unique"], {"unique_key": unique_key})
             found = cursor.fetchone()
-            ids[index] = found[0] if found else None
-    return ids  # type: ignore[return-value]
+            ids = [found[0]] if found else [None]
+    return ids * len(args_list)
 
 
-class _Raw(str):
-    """A JSON fragment already serialised; embedded verbatim by _dump_rows."""
+_EMPTY: dict[str, Any] = {}
+_PLAIN = (int, str, bool, type(None))
 
 
-def _dump_rows(rows: list[dict[str, Any]]) -> str:
-    # Payloads are already JSON text: splice them in rather than parse and re-dump.
-    parts = []
-    for row in rows:
-        fields = []
-        for key, value in row.items():
-            encoded = value if isinstance(value, _Raw) else dumps(value)
-            fields.append(f'"{key}":{encoded}')
-        parts.append("{" + ",".join(fields) + "}")
-    return "[" + ",".join(parts) + "]"
+def _checked_args(args: tuple[Any, ...]) -> list[Any]:
+    # Fast path for the common case (a few ints and strings); anything else gets the
+    # full check, which also names the offending position.
+    for value in args:
+        if type(value) not in _PLAIN or (type(value) is str and "\x00" in value):
+            return check_json(list(args), "args")
+    return list(args)

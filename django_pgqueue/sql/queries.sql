@@ -75,38 +75,34 @@ SELECT id
 
 
 -- name: enqueue_many
--- Many tasks in one statement: the rows travel as one JSON array and are expanded
--- server-side. Rows with a unique_key that is already live are skipped (they return
--- no id; the caller looks them up). One notification per distinct queue.
-WITH rows AS (
-    SELECT *
-      FROM ROWS FROM (
-               jsonb_to_recordset(%(rows)s::jsonb) AS (
-                   queue text, task_name text, handler_version int, priority smallint,
-                   args jsonb, kwargs jsonb, run_at timestamptz, delay float8,
-                   max_attempts int, retry_policy jsonb, timeout float8,
-                   unique_key text, metadata jsonb)
-           ) WITH ORDINALITY AS r
-),
-inserted AS (
+-- Many calls of one task in one statement. What differs per call (args, kwargs)
+-- travels as two JSON arrays, zipped by ROWS FROM; the options shared by the batch are
+-- scalars. With a unique_key (shared by the batch) at most one row is inserted, and
+-- none if one is already live. ORDER BY ordinality makes ids follow the input order.
+-- One notification per batch (it has one queue).
+WITH inserted AS (
     INSERT INTO pgqueue_task (
         queue, task_name, handler_version, priority, args, kwargs, run_at,
         max_attempts, retry_policy, timeout, unique_key, metadata
     )
-    SELECT queue, task_name, handler_version, priority, args, kwargs,
-           COALESCE(run_at, statement_timestamp() + make_interval(secs => COALESCE(delay, 0))),
-           max_attempts, retry_policy, make_interval(secs => timeout), unique_key, metadata
-      FROM rows
-     ORDER BY ordinality
+    SELECT %(queue)s, %(task_name)s, %(handler_version)s, %(priority)s,
+           c.args, c.kwargs,
+           COALESCE(%(run_at)s::timestamptz,
+                    statement_timestamp() + make_interval(secs => COALESCE(%(delay)s::float8, 0))),
+           %(max_attempts)s, %(retry_policy)s::jsonb, make_interval(secs => %(timeout)s::float8),
+           %(unique_key)s, %(metadata)s::jsonb
+      FROM ROWS FROM (jsonb_array_elements(%(args_list)s::jsonb),
+                      jsonb_array_elements(%(kwargs_list)s::jsonb))
+           WITH ORDINALITY AS c(args, kwargs, n)
+     ORDER BY c.n
     ON CONFLICT (unique_key) WHERE unique_key IS NOT NULL
                                 AND state IN ('pending', 'running', 'waiting')
     DO NOTHING
-    RETURNING id, queue, unique_key
-),
-woken AS (
-    SELECT pg_notify('pgqueue', q.queue) FROM (SELECT DISTINCT queue FROM inserted) AS q
+    RETURNING id, unique_key
 )
-SELECT id, unique_key, (SELECT count(*) FROM woken) FROM inserted ORDER BY id;
+SELECT id, (SELECT pg_notify('pgqueue', %(queue)s)::text)
+  FROM inserted
+ ORDER BY id;
 
 
 -- name: reserve_id
