@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import threading
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
-from uuid import UUID
 
 from django.db import connections
 from django.utils import timezone
@@ -41,18 +39,19 @@ class TaskContext:
     deadline: datetime | None
     checkpoint: Any
     metadata: dict[str, Any]
-    lease_token: UUID
+    lease_token: str
     database: str
-    _cancel_requested: threading.Event = field(default_factory=threading.Event, repr=False)
-    _lease_lost: threading.Event = field(default_factory=threading.Event, repr=False)
+    # Set by the worker's heartbeat thread, read by the handler: plain flags suffice.
+    _cancel_requested: bool = field(default=False, repr=False)
+    _lease_lost: bool = field(default=False, repr=False)
 
     @property
     def cancel_requested(self) -> bool:
-        return self._cancel_requested.is_set()
+        return self._cancel_requested
 
     @property
     def lease_lost(self) -> bool:
-        return self._lease_lost.is_set()
+        return self._lease_lost
 
     @property
     def is_last_attempt(self) -> bool:
@@ -89,24 +88,24 @@ class TaskContext:
             cursor.execute(QUERIES["read_cancel_requested"], self._fence_params())
             row = cursor.fetchone()
         if row is None:
-            self._lease_lost.set()
+            self._lease_lost = True
             raise LeaseLost(self._lost_message())
         if row[0]:
-            self._cancel_requested.set()
+            self._cancel_requested = True
         return self.cancel_requested
 
     def _fence_params(self) -> dict[str, Any]:
-        return {"id": self.task_id, "attempt": self.attempt, "token": str(self.lease_token)}
+        return {"id": self.task_id, "attempt": self.attempt, "token": self.lease_token}
 
     def _fenced(self, query: str, params: dict[str, Any]) -> None:
         with connections[self.database].cursor() as cursor:
             cursor.execute(QUERIES[query], {**self._fence_params(), **params})
             row = cursor.fetchone()
         if row is None:
-            self._lease_lost.set()
+            self._lease_lost = True
             raise LeaseLost(self._lost_message())
         if row[0]:
-            self._cancel_requested.set()
+            self._cancel_requested = True
 
     def _lost_message(self) -> str:
         return (

@@ -49,7 +49,7 @@ def success(task: ClaimedTask, result: Any = None) -> dict[str, Any]:
     return {
         "id": task.id,
         "attempt": task.attempt,
-        "token": str(task.lease_token),
+        "token": task.lease_token,
         "state": "succeeded",
         "result": result,
     }

@@ -36,7 +36,7 @@ def test_a_late_settlement_after_takeover_changes_nothing(pg):
     assert written == {}
     stored = row(pg, task_id)
     assert (stored["state"], stored["attempt"], stored["worker_id"]) == ("running", 2, "w-b")
-    assert stored["lease_token"] == theirs.lease_token
+    assert str(stored["lease_token"]) == theirs.lease_token
     assert stored["result"] is None
 
 
@@ -86,7 +86,7 @@ def test_heartbeat_renews_all_leases_in_one_fenced_update(pg):
     lost = claimed[0]
     lapse_and_reclaim(pg, lost.id)
     leases = json.dumps(
-        [{"id": t.id, "attempt": t.attempt, "token": str(t.lease_token)} for t in claimed]
+        [{"id": t.id, "attempt": t.attempt, "token": t.lease_token} for t in claimed]
     )
 
     renewed = pg.execute(QUERIES["heartbeat"], {"leases": leases, "lease_seconds": 60}).fetchall()
@@ -118,7 +118,7 @@ def test_heartbeat_renews_a_lapsed_lease_nobody_recovered(pg):
     task_id = tasks.noop.enqueue(1)
     (mine,) = claim(pg, limit=1, worker_id="w-a")
     expire_lease(pg, task_id)
-    leases = json.dumps([{"id": mine.id, "attempt": 1, "token": str(mine.lease_token)}])
+    leases = json.dumps([{"id": mine.id, "attempt": 1, "token": mine.lease_token}])
 
     renewed = pg.execute(QUERIES["heartbeat"], {"leases": leases, "lease_seconds": 30}).fetchall()
 
@@ -130,7 +130,7 @@ def test_checkpoint_and_progress_writes_are_fenced(pg):
     task_id = tasks.noop.enqueue(1)
     (mine,) = claim(pg, limit=1, worker_id="w-a")
     lapse_and_reclaim(pg, task_id)
-    params = {"id": mine.id, "attempt": mine.attempt, "token": str(mine.lease_token)}
+    params = {"id": mine.id, "attempt": mine.attempt, "token": mine.lease_token}
 
     saved = pg.execute(QUERIES["save_checkpoint"], {**params, "checkpoint": '{"x": 1}'})
     progressed = pg.execute(QUERIES["save_progress"], {**params, "progress": '{"x": 1}'})

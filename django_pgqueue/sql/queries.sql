@@ -164,9 +164,10 @@ UPDATE pgqueue_task AS t
   FROM (SELECT id FROM starving UNION ALL SELECT id FROM picked) AS p
  WHERE t.id = p.id
 RETURNING t.id, t.task_name, t.handler_version, t.queue, t.priority, t.args, t.kwargs,
-          t.attempt, t.max_attempts, t.retry_policy,
-          EXTRACT(EPOCH FROM t.timeout)::float8, t.lease_token, t.lease_expires_at, now(),
-          t.enqueued_at, t.run_at, t.checkpoint, t.cancel_requested, t.metadata;
+          t.attempt, t.max_attempts, t.retry_policy::text,
+          EXTRACT(EPOCH FROM t.timeout)::float8, t.lease_token::text, t.lease_expires_at,
+          now(), t.enqueued_at, t.run_at, t.checkpoint::text, t.cancel_requested,
+          t.metadata::text;
 
 
 -- name: next_due

@@ -36,7 +36,15 @@ def connection_params(alias: str) -> dict[str, Any]:
     params.pop("context", None)
     params.pop("cursor_factory", None)
     params.pop("pool", None)
-    params["prepare_threshold"] = 0 if get_settings().PREPARED_STATEMENTS else None
+    prepared = get_settings().PREPARED_STATEMENTS
+    params["prepare_threshold"] = 0 if prepared else None
+    if prepared:
+        # The hot-path statements are written to be index-driven whatever the
+        # parameters; PostgreSQL would otherwise re-plan the claim on every execution
+        # (its custom plans look cheaper than the generic one), which costs more than
+        # the claim itself.
+        extra = "-c plan_cache_mode=force_generic_plan"
+        params["options"] = f"{params['options']} {extra}" if params.get("options") else extra
     params.setdefault("connect_timeout", 5)
     params.setdefault("application_name", "django_pgqueue worker")
     return params

@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import json
 import logging
 import time
 import traceback
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
-from uuid import UUID
 
 from django.db import close_old_connections
 
@@ -49,22 +49,35 @@ class ClaimedTask:
     kwargs: dict[str, Any]
     attempt: int
     max_attempts: int
-    retry_policy: dict[str, float]
+    retry_policy_json: str
     timeout: float | None
-    lease_token: UUID
+    lease_token: str
     lease_expires_at: datetime
     claimed_at: datetime
     enqueued_at: datetime
     run_at: datetime
-    checkpoint: Any
+    checkpoint_json: str | None
     cancel_requested: bool
-    metadata: dict[str, Any]
+    metadata_json: str
     received_monotonic: float = field(default_factory=time.monotonic)
     context: TaskContext | None = None
 
     @classmethod
     def from_row(cls, row: tuple) -> ClaimedTask:
         return cls(*row)
+
+    # Rarely needed columns arrive as JSON text and are parsed on first use.
+    @property
+    def retry_policy(self) -> dict[str, float]:
+        return json.loads(self.retry_policy_json) if self.retry_policy_json else {}
+
+    @property
+    def checkpoint(self) -> Any:
+        return json.loads(self.checkpoint_json) if self.checkpoint_json else None
+
+    @property
+    def metadata(self) -> dict[str, Any]:
+        return json.loads(self.metadata_json) if self.metadata_json else {}
 
     @property
     def deadline(self) -> datetime | None:
@@ -84,7 +97,7 @@ class ClaimedTask:
         return self.received_monotonic + self.timeout
 
     def fence(self) -> dict[str, Any]:
-        return {"id": self.id, "attempt": self.attempt, "token": str(self.lease_token)}
+        return {"id": self.id, "attempt": self.attempt, "token": self.lease_token}
 
 
 # The labels of the outcomes counter (metrics and logs).
@@ -119,7 +132,7 @@ class Outcome:
         return {
             "id": t.id,
             "attempt": t.attempt,
-            "token": str(t.lease_token),
+            "token": t.lease_token,
             "state": self.state,
             "result": self.result,
             "error": self.error,
@@ -218,8 +231,7 @@ def make_context(task: ClaimedTask, database: str) -> TaskContext:
         lease_token=task.lease_token,
         database=database,
     )
-    if task.cancel_requested:
-        context._cancel_requested.set()
+    context._cancel_requested = task.cancel_requested
     return context
 
 
@@ -229,12 +241,11 @@ def execute(task: ClaimedTask, database: str, async_runner: AsyncRunner | None) 
         definition = registry.get(task.task_name)
     except TaskNotRegistered as exc:  # the claim filters on routes; defensive only
         return failed(task, error_entry(task, exc), retryable=False)
-    context = task.context or make_context(task, database)
-    task.context = context
-    call_args = [context, *task.args] if definition.takes_context else list(task.args)
-    bind_error = _check_signature(definition, call_args, task.kwargs)
-    if bind_error is not None:
-        return failed(task, error_entry(task, bind_error), retryable=False)
+    if definition.takes_context:
+        task.context = make_context(task, database)
+        call_args = [task.context, *task.args]
+    else:
+        call_args = task.args
 
     close_old_connections()
     started = time.monotonic()
@@ -274,7 +285,13 @@ def execute(task: ClaimedTask, database: str, async_runner: AsyncRunner | None) 
             return timed_out(task, f"the attempt exceeded its timeout of {task.timeout:g}s")
         return failed(task, error_entry(task, exc))
     except Exception as exc:
-        if context.cancel_requested:
+        # A TypeError may mean the stored arguments do not fit the function (checked
+        # only now, so the common path pays nothing): that fails for good.
+        if isinstance(exc, TypeError):
+            bind_error = _check_signature(definition, call_args, task.kwargs)
+            if bind_error is not None:
+                return failed(task, error_entry(task, bind_error), retryable=False)
+        if task.cancel_requested or (task.context is not None and task.context.cancel_requested):
             error = {**error_entry(task, exc), "outcome": CANCELLED}
             return Outcome(task, CANCELLED, "cancelled", error=error)
         return failed(task, error_entry(task, exc))

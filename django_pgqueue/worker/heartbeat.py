@@ -57,7 +57,7 @@ class Heartbeat(Periodic):
         if not tasks:
             return
         leases = json.dumps(
-            [{"id": t.id, "attempt": t.attempt, "token": str(t.lease_token)} for t in tasks]
+            [{"id": t.id, "attempt": t.attempt, "token": t.lease_token} for t in tasks]
         )
         rows = self.session.fetchall(
             "heartbeat",
@@ -73,11 +73,11 @@ class Heartbeat(Periodic):
                 if renewed[task.id]:
                     task.cancel_requested = True
                     if task.context is not None:
-                        task.context._cancel_requested.set()
+                        task.context._cancel_requested = True
             elif not self.inflight.is_settling(task.id):
                 self.stats.incr("lease_lost")
                 if task.context is not None:
-                    task.context._lease_lost.set()
+                    task.context._lease_lost = True
                 logger.warning(
                     "task %s (%s) attempt %s: lease lost while the handler is running "
                     "(recovered after expiry); its outcome will not be written",
