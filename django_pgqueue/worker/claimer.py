@@ -48,7 +48,8 @@ class Claimer:
         self.starvation_timeout = starvation_timeout
         self._stop = threading.Event()
         self._wake = threading.Event()
-        self.session = Session(alias, self.name, self._stop)
+        # Claims commit asynchronously: see connection.connect().
+        self.session = Session(alias, self.name, self._stop, durable=False)
         self._thread = threading.Thread(target=self._run, name="pgqueue-claimer", daemon=True)
         self._rotation = 0
         # Set while parked with nothing claimable (burst mode exits on it).

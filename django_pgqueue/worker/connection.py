@@ -50,9 +50,23 @@ def connection_params(alias: str) -> dict[str, Any]:
     return params
 
 
-def connect(alias: str) -> psycopg.Connection:
-    conn = psycopg.connect(**connection_params(alias), autocommit=True)
-    return conn
+def connect(alias: str, durable: bool = True) -> psycopg.Connection:
+    """An autocommit connection. ``durable=False`` commits asynchronously.
+
+    Asynchronous commit is used only where losing the last few hundred milliseconds of
+    commits in a PostgreSQL crash cannot break a guarantee: the claim and the lease
+    renewals. A claim lost that way puts its rows back to pending with their old
+    token, so the worker's fenced settlement matches nothing (counted as lost) and the
+    task runs again: a duplicate run, which at-least-once delivery already admits.
+    WAL is written in order, so a (synchronously committed) settlement can never be
+    durable while the claim before it is not. Settlements stay durable: a task is never
+    reported done before its row is safely written.
+    """
+    params = connection_params(alias)
+    if not durable:
+        extra = "-c synchronous_commit=off"
+        params["options"] = f"{params['options']} {extra}" if params.get("options") else extra
+    return psycopg.connect(**params, autocommit=True)
 
 
 class Backoff:
@@ -79,8 +93,9 @@ class Session:
     where a failed statement must be reported rather than repeated.
     """
 
-    def __init__(self, alias: str, name: str, stop: threading.Event) -> None:
+    def __init__(self, alias: str, name: str, stop: threading.Event, durable: bool = True) -> None:
         self.alias = alias
+        self.durable = durable
         self.name = name
         self.stop = stop
         self._conn: psycopg.Connection | None = None
@@ -89,7 +104,7 @@ class Session:
     @property
     def connection(self) -> psycopg.Connection:
         if self._conn is None or self._conn.closed:
-            self._conn = connect(self.alias)
+            self._conn = connect(self.alias, self.durable)
         return self._conn
 
     def close(self) -> None:
