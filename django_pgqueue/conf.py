@@ -39,9 +39,15 @@ DEFAULTS: dict[str, Any] = {
     "STARVATION_TIMEOUT": 60.0,
     "TIMEOUT_GRACE": 10.0,
     "WRITE_OFF_LIMIT": 3,
-    "SETTLE_MAX_DELAY": 0.002,
     "PREPARED_STATEMENTS": True,
     "METRICS_PORT": None,
+    # Queue gauges read from the database (docs/metrics.md): registered in
+    # prometheus_client's default registry, which django-prometheus serves from the web
+    # process; served by a worker's --metrics-port only with WORKER_QUEUE_METRICS; read
+    # at most once per METRICS_CACHE_SECONDS per process, however often it is scraped.
+    "QUEUE_METRICS": True,
+    "WORKER_QUEUE_METRICS": False,
+    "METRICS_CACHE_SECONDS": 10.0,
     # Retention (seconds).
     "RESULT_TTL": 24 * 3600.0,
     "DEAD_TTL": 7 * 24 * 3600.0,
@@ -71,9 +77,11 @@ class PgQueueSettings:
     STARVATION_TIMEOUT: float
     TIMEOUT_GRACE: float
     WRITE_OFF_LIMIT: int
-    SETTLE_MAX_DELAY: float
     PREPARED_STATEMENTS: bool
     METRICS_PORT: int | None
+    QUEUE_METRICS: bool
+    WORKER_QUEUE_METRICS: bool
+    METRICS_CACHE_SECONDS: float
     RESULT_TTL: float
     DEAD_TTL: float
     PRUNE_INTERVAL: float

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
+from asgiref.sync import sync_to_async
 from django.db import connections
 from django.utils import timezone
 
@@ -93,6 +94,16 @@ class TaskContext:
         if row[0]:
             self._cancel_requested = True
         return self.cancel_requested
+
+    # For ``async def`` handlers: the same fenced writes, off the event loop.
+    async def asave_checkpoint(self, checkpoint: Any) -> None:
+        await sync_to_async(self.save_checkpoint)(checkpoint)
+
+    async def areport_progress(self, progress: Any) -> None:
+        await sync_to_async(self.report_progress)(progress)
+
+    async def arefresh_cancel_requested(self) -> bool:
+        return await sync_to_async(self.refresh_cancel_requested)()
 
     def _fence_params(self) -> dict[str, Any]:
         return {"id": self.task_id, "attempt": self.attempt, "token": self.lease_token}

@@ -91,7 +91,8 @@ def wait_until(
 class WorkerProcess:
     """``manage.py runtaskworker`` in a subprocess, with its log in a file."""
 
-    def __init__(self, args: list[str], env: dict[str, str], log_path: Path) -> None:
+    def __init__(self, args: list[str], env: dict[str, str], log_path: Path,
+                 new_session: bool = False) -> None:
         self.args = args
         self.log_path = log_path
         self._log = open(log_path, "wb")  # noqa: SIM115 - closed in stop()
@@ -101,6 +102,7 @@ class WorkerProcess:
             env=env,
             stdout=self._log,
             stderr=subprocess.STDOUT,
+            start_new_session=new_session,
         )
 
     @property
@@ -155,7 +157,8 @@ def start_worker(db_url: str, tmp_path: Path) -> Iterator[Callable[..., WorkerPr
     """Start worker subprocesses; every one still running is stopped after the test."""
     started: list[WorkerProcess] = []
 
-    def start(*args: str, database_url: str | None = None, wait: bool = True) -> WorkerProcess:
+    def start(*args: str, database_url: str | None = None, wait: bool = True,
+              new_session: bool = False) -> WorkerProcess:
         env = {
             **os.environ,
             "DJANGO_SETTINGS_MODULE": "tests.settings",
@@ -163,7 +166,8 @@ def start_worker(db_url: str, tmp_path: Path) -> Iterator[Callable[..., WorkerPr
             "PYTHONPATH": str(REPO),
             "PYTHONUNBUFFERED": "1",
         }
-        worker = WorkerProcess(list(args), env, tmp_path / f"worker-{len(started)}.log")
+        worker = WorkerProcess(list(args), env, tmp_path / f"worker-{len(started)}.log",
+                               new_session=new_session)
         started.append(worker)
         if wait:
             worker.wait_started()

@@ -148,3 +148,8 @@ def just_sleep(seconds: float) -> float:
     """Touches no database: its outcome only needs the settler."""
     time.sleep(seconds)
     return seconds
+
+
+@task(max_attempts=1)
+def calls_sys_exit() -> None:
+    raise SystemExit(3)

@@ -1,5 +1,6 @@
 """Crashes, signals and leases with real worker processes."""
 
+import os
 import signal
 import time
 
@@ -147,3 +148,15 @@ def test_several_workers_run_thousands_of_tasks_each_exactly_once(start_worker, 
     assert len(runs) == total
     assert len(set(runs)) == total
     assert len(set(Run.objects.values_list("pid", flat=True))) == processes
+
+
+def test_process_mode_stops_gracefully_when_the_whole_group_is_signalled(start_worker):
+    task_id = tasks.sleep_and_record.enqueue(1.5)
+    supervisor = start_worker("--processes", "2", "--shutdown-grace", "20", new_session=True)
+    wait_until(lambda: Run.objects.filter(task_id=task_id).exists())
+
+    os.killpg(supervisor.pid, signal.SIGTERM)  # Ctrl-C / systemd reach every process
+
+    assert supervisor.wait(30) == 0
+    assert "second signal" not in supervisor.log()
+    assert Task.objects.get(pk=task_id).state == "succeeded"

@@ -193,3 +193,25 @@ def test_two_sweepers_recover_each_expired_lease_once(pg):
     recovered = [r[0] for result in results for r in result]
     assert sorted(recovered) == sorted(ids)
     assert {len(row(pg, i)["errors"]) for i in ids} == {1}
+
+
+def test_heartbeat_skips_a_row_its_handler_has_locked_without_calling_it_lost(pg):
+    from django_pgqueue.worker.connection import connect
+
+    tasks.noop.enqueue_many(range(2))
+    locked, free = claim(pg, limit=2, worker_id="w-a", lease=5)
+    inflight, stats = InFlight(), WorkerStats()
+    inflight.add([locked, free])
+    heartbeat = Heartbeat("default", 10, 60, "w-a", inflight, stats, register=lambda: None)
+    with connect("default") as handler_conn:  # the handler's own open transaction
+        handler_conn.autocommit = False
+        handler_conn.execute("SELECT 1 FROM pgqueue_task WHERE id = %s FOR UPDATE", [locked.id])
+
+        heartbeat.renew_leases()
+
+        handler_conn.rollback()
+    heartbeat.session.close()
+    assert stats.get("lease_lost") == 0
+    assert stats.get("lease_renewals") == 1
+    assert row(pg, free.id)["lease_expires_at"] > free.lease_expires_at
+    assert row(pg, locked.id)["lease_expires_at"] == locked.lease_expires_at

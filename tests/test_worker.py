@@ -211,3 +211,15 @@ def test_a_worker_only_claims_from_its_queues(start_worker):
 
     assert Task.objects.get(pk=mine).state == "succeeded"
     assert Task.objects.get(pk=not_mine).state == "pending"
+
+
+def test_a_handler_calling_sys_exit_fails_its_task_and_keeps_its_slot(start_worker):
+    exiting = tasks.calls_sys_exit.enqueue()
+    after = tasks.noop.enqueue_many(range(5))
+
+    run_burst(start_worker, "--concurrency", "1")
+
+    row = Task.objects.get(pk=exiting)
+    assert row.state == "failed"
+    assert row.errors[0]["type"] == "builtins.SystemExit"
+    assert Task.objects.filter(pk__in=after, state="succeeded").count() == 5

@@ -236,20 +236,37 @@ SELECT id, state,
 -- Renew the leases of all of one worker's in-flight tasks in one UPDATE, each fenced
 -- on its token. The lease expiry itself is not part of the fence: an expired lease that
 -- nobody recovered yet is still ours, and renewing it is safe (only a recovery or a
--- claim changes the token). Returns the renewed ids and their cancel flags; a missing
--- id means the lease was lost.
+-- claim changes the token). SKIP LOCKED: a row locked by its own handler's open
+-- transaction (a checkpoint written inside atomic()) is skipped this round instead of
+-- stalling every other renewal behind it. Returns the renewed ids and their cancel
+-- flags; the caller checks the ids that are missing with still_leased.
 WITH v AS (
     SELECT *
       FROM jsonb_to_recordset(%(leases)s::jsonb) AS v(id bigint, attempt int, token uuid)
+),
+mine AS MATERIALIZED (
+    SELECT t.id
+      FROM pgqueue_task AS t
+      JOIN v ON t.id = v.id AND t.attempt = v.attempt AND t.lease_token = v.token
+     WHERE t.state = 'running'
+       FOR NO KEY UPDATE OF t SKIP LOCKED
 )
 UPDATE pgqueue_task AS t
    SET lease_expires_at = now() + make_interval(secs => %(lease_seconds)s)
-  FROM v
- WHERE t.id = v.id
-   AND t.attempt = v.attempt
-   AND t.lease_token = v.token
-   AND t.state = 'running'
+  FROM mine
+ WHERE t.id = mine.id
 RETURNING t.id, t.cancel_requested;
+
+
+-- name: still_leased
+-- Which of these leases still hold (a plain read: never waits on a row lock). Used by
+-- the heartbeat for rows it could not renew: present means "locked by its own handler,
+-- renew next time"; absent means the lease was lost.
+SELECT t.id
+  FROM pgqueue_task AS t
+  JOIN jsonb_to_recordset(%(leases)s::jsonb) AS v(id bigint, attempt int, token uuid)
+    ON t.id = v.id AND t.attempt = v.attempt AND t.lease_token = v.token
+ WHERE t.state = 'running';
 
 
 -- name: save_checkpoint

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
+from asgiref.sync import sync_to_async
 from django.db import close_old_connections
 
 from django_pgqueue.context import TaskContext
@@ -87,10 +88,12 @@ class ClaimedTask:
 
     @property
     def deadline_monotonic(self) -> float | None:
-        """The deadline on this process's monotonic clock.
+        """The watchdog's deadline on this process's monotonic clock.
 
-        Measured from the claim's database timestamp, shifted by how long ago the claim
-        returned; so a slow claim shortens the budget instead of extending it.
+        The handler's deadline is the claim's database now() plus the timeout
+        (``deadline``). The claim's result arrives one round trip after that stamp, and
+        the watchdog starts counting then: at most a round trip of extra budget, and no
+        dependence on the worker's wall clock being in step with the database's.
         """
         if self.timeout is None:
             return None
@@ -206,9 +209,15 @@ class AsyncRunner:
 
     def run(self, coro: Any, timeout: float | None) -> Any:
         async def bounded() -> Any:
-            if timeout is None:
-                return await coro
-            return await asyncio.wait_for(coro, timeout)
+            # Async handlers reach the ORM through sync_to_async, whose connections
+            # live in asgiref's thread: recycle those like a request would.
+            await sync_to_async(close_old_connections)()
+            try:
+                if timeout is None:
+                    return await coro
+                return await asyncio.wait_for(coro, timeout)
+            finally:
+                await sync_to_async(close_old_connections)()
 
         return asyncio.run_coroutine_threadsafe(bounded(), self.loop).result()
 
@@ -281,7 +290,8 @@ def execute(task: ClaimedTask, database: str, async_runner: AsyncRunner | None) 
     except LeaseLost as exc:
         return failed(task, error_entry(task, exc), label=LOST)
     except TimeoutError as exc:
-        if task.timeout is not None and time.monotonic() - started >= task.timeout * 0.99:
+        deadline = task.deadline_monotonic
+        if deadline is not None and time.monotonic() >= deadline - 0.01:
             return timed_out(task, f"the attempt exceeded its timeout of {task.timeout:g}s")
         return failed(task, error_entry(task, exc))
     except Exception as exc:
@@ -294,6 +304,8 @@ def execute(task: ClaimedTask, database: str, async_runner: AsyncRunner | None) 
         if task.cancel_requested or (task.context is not None and task.context.cancel_requested):
             error = {**error_entry(task, exc), "outcome": CANCELLED}
             return Outcome(task, CANCELLED, "cancelled", error=error)
+        return failed(task, error_entry(task, exc))
+    except BaseException as exc:  # SystemExit from a handler must not kill its slot
         return failed(task, error_entry(task, exc))
     finally:
         close_old_connections()

@@ -68,7 +68,16 @@ class Heartbeat(Periodic):
         )
         renewed = dict(rows)
         self.stats.incr("lease_renewals", len(renewed))
+        missing = [t for t in tasks if t.id not in renewed]
+        held: set[int] = set()
+        if missing:
+            check = json.dumps(
+                [{"id": t.id, "attempt": t.attempt, "token": t.lease_token} for t in missing]
+            )
+            held = {row[0] for row in self.session.fetchall("still_leased", {"leases": check})}
         for task in tasks:
+            if task.id in held:
+                continue
             if task.id in renewed:
                 if renewed[task.id]:
                     task.cancel_requested = True

@@ -31,7 +31,7 @@ def _child_main(options: dict[str, Any], log_level: str, metrics_port: int | Non
     from django_pgqueue.worker.worker import Worker
 
     configure_logging(log_level)
-    worker = Worker(WorkerOptions(**options))
+    worker = Worker(WorkerOptions(**options), supervised=True)
     if metrics_port:
         from django_pgqueue.metrics import serve_worker_metrics, watch_worker
 
@@ -110,4 +110,4 @@ class Supervisor:
         self._stopping = True
         for child in self._children:
             if child is not None and child.is_alive():
-                os.kill(child.pid, signum)
+                os.kill(child.pid, signal.SIGTERM)

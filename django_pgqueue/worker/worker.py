@@ -72,7 +72,7 @@ class WorkerOptions:
 
 
 class Worker:
-    def __init__(self, options: WorkerOptions) -> None:
+    def __init__(self, options: WorkerOptions, supervised: bool = False) -> None:
         conf = get_settings()
         self.options = options
         self.alias = conf.DATABASE
@@ -84,6 +84,8 @@ class Worker:
         self._async_runner = AsyncRunner() if any(d.is_async for d in definitions) else None
         self._stop_requested = threading.Event()
         self._signals = 0
+        self._first_signal_at = 0.0
+        self.supervised = supervised
         self.exit_code = 0
 
         self.settler = Settler(self.alias, self.inflight, self.stats)
@@ -146,7 +148,8 @@ class Worker:
             logger.warning("no tasks are registered in this process: nothing can be claimed")
         if install_signals:
             signal.signal(signal.SIGTERM, self._on_signal)
-            signal.signal(signal.SIGINT, self._on_signal)
+            # A supervised child leaves Ctrl-C to its supervisor, which forwards SIGTERM.
+            signal.signal(signal.SIGINT, signal.SIG_IGN if self.supervised else self._on_signal)
         self._register()
         for component in self._components():
             component.start()
@@ -193,6 +196,13 @@ class Worker:
         self._stop_requested.set()
 
     def _on_signal(self, signum: int, _frame: object) -> None:
+        now = time.monotonic()
+        if self.supervised and self._first_signal_at and now - self._first_signal_at < 1.0:
+            # Under a supervisor the same stop can arrive twice at once: from the
+            # supervisor and from whoever signalled the whole process group or cgroup
+            # (systemd's KillMode=control-group). That is one request, not two.
+            return
+        self._first_signal_at = self._first_signal_at or now
         self._signals += 1
         if self._signals > 1:
             logger.warning(
@@ -255,11 +265,16 @@ class Worker:
         self._registry_session.call(lambda conn: conn.execute(QUERIES["register_worker"], params))
 
     def _unregister(self) -> None:
-        try:
-            self._registry_session.call(
-                lambda conn: conn.execute(QUERIES["unregister_worker"], {"id": self.worker_id}),
-                retry=False,
-            )
-        except Exception:
-            logger.warning("could not remove worker row %s; the sweep will", self.worker_id)
+        # The registry connection sat idle for the worker's whole life: after an outage
+        # it is dead, so try a fresh one once before leaving the row to the sweep.
+        for attempt in (1, 2):
+            try:
+                self._registry_session.call(
+                    lambda conn: conn.execute(QUERIES["unregister_worker"], {"id": self.worker_id}),
+                    retry=False,
+                )
+                break
+            except Exception:
+                if attempt == 2:
+                    logger.warning("could not remove worker row %s; the sweep will", self.worker_id)
         self._registry_session.close()

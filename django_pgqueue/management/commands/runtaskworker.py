@@ -122,7 +122,8 @@ class Command(BaseCommand):
         code = worker.run()
         if code == EXIT_RECYCLE:
             self.stderr.write("recycling: starting a fresh worker process")
-            os.execv(sys.executable, [sys.executable, *sys.argv])
+            # sys.orig_argv keeps "-m django" when that is how the worker was started.
+            os.execv(sys.executable, [sys.executable, *sys.orig_argv[1:]])
         sys.exit(code)
 
 
