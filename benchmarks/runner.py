@@ -1,0 +1,672 @@
+"""The benchmark: workloads W1-W7 against a pgbench baseline on the same server.
+
+Every figure is reported as the median of several runs with its spread, and as a ratio
+to a pgbench baseline measured in the same invocation (one INSERT, one UPDATE by primary
+key and one DELETE per transaction, 4 clients), so results survive a noisy machine.
+See docs/performance.md for what each workload measures and how to read the table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing
+import os
+import re
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+RESULTS = REPO / "benchmarks" / "results"
+BENCH_DB = "pgqueue_bench"
+
+
+# -- database and environment ----------------------------------------------------------
+def prepare_database() -> str:
+    """A fresh benchmark database on DATABASE_URL's server, or on an embedded one."""
+    import psycopg
+
+    base = os.environ.get("DATABASE_URL")
+    if base:
+        server_url = re.sub(r"/[^/?]*(\?|$)", r"/postgres\1", base, count=1)
+        bench_url = re.sub(r"/[^/?]*(\?|$)", rf"/{BENCH_DB}\1", base, count=1)
+    else:
+        from django_pgqueue.embedded import embedded_database_url
+
+        server_url = embedded_database_url(REPO / ".pgdata" / "bench", dbname="postgres")
+        bench_url = server_url.replace("/postgres?", f"/{BENCH_DB}?", 1)
+    with psycopg.connect(_libpq(server_url), autocommit=True) as conn:
+        conn.execute(f"DROP DATABASE IF EXISTS {BENCH_DB} WITH (FORCE)")
+        conn.execute(f"CREATE DATABASE {BENCH_DB}")
+    return bench_url
+
+
+def _libpq(url: str) -> str:
+    return url.replace("postgres://", "postgresql://", 1)
+
+
+def setup_django(url: str) -> None:
+    os.environ["DATABASE_URL"] = url
+    os.environ["DJANGO_SETTINGS_MODULE"] = "benchmarks.settings"
+    import django
+
+    django.setup()
+    from django.core.management import call_command
+
+    call_command("migrate", verbosity=0)
+
+
+def raw_connection():
+    from django_pgqueue.worker.connection import connect
+
+    return connect("default")
+
+
+def server_info() -> dict[str, Any]:
+    with raw_connection() as conn:
+        version = conn.execute("SHOW server_version").fetchone()[0]
+        settings = dict(
+            conn.execute(
+                "SELECT name, setting FROM pg_settings WHERE name IN "
+                "('shared_buffers', 'synchronous_commit', 'fsync', 'max_connections')"
+            ).fetchall()
+        )
+    return {"postgresql": version, **settings}
+
+
+def reset_queue() -> None:
+    with raw_connection() as conn:
+        conn.execute("TRUNCATE pgqueue_task, pgqueue_worker")
+
+
+# -- pgbench baseline ------------------------------------------------------------------
+BASELINE_SCRIPT = """\\set k random(1, 1000000000)
+INSERT INTO bench_baseline (k, v) VALUES (:k, 1) ON CONFLICT DO NOTHING;
+UPDATE bench_baseline SET v = v + 1 WHERE k = :k;
+DELETE FROM bench_baseline WHERE k = :k;
+"""
+
+
+def pgbench_binary() -> str:
+    found = shutil.which("pgbench")
+    if found:
+        return found
+    import pgserver
+
+    bundled = Path(pgserver.__file__).parent / "pginstall" / "bin" / "pgbench"
+    if bundled.exists():
+        return str(bundled)
+    raise RuntimeError("pgbench not found: install PostgreSQL's client tools")
+
+
+def pgbench_env() -> dict[str, str]:
+    from django.db import connections
+
+    s = connections["default"].settings_dict
+    env = dict(os.environ)
+    env["PGHOST"] = s.get("OPTIONS", {}).get("host") or s.get("HOST") or "127.0.0.1"
+    env["PGPORT"] = str(s.get("PORT") or 5432)
+    env["PGUSER"] = s.get("USER") or "postgres"
+    env["PGDATABASE"] = s["NAME"]
+    if s.get("PASSWORD"):
+        env["PGPASSWORD"] = s["PASSWORD"]
+    return env
+
+
+def pgbench_baseline(seconds: float) -> float:
+    with raw_connection() as conn:
+        conn.execute("DROP TABLE IF EXISTS bench_baseline")
+        conn.execute("CREATE TABLE bench_baseline (k bigint PRIMARY KEY, v int)")
+    with tempfile.NamedTemporaryFile("w", suffix=".sql", delete=False) as script:
+        script.write(BASELINE_SCRIPT)
+    out = subprocess.run(
+        [pgbench_binary(), "-n", "-f", script.name, "-c", "4", "-j", "4", "-T", str(int(seconds))],
+        env=pgbench_env(),
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    os.unlink(script.name)
+    return float(re.search(r"tps = ([\d.]+)", out).group(1))
+
+
+# -- workers ---------------------------------------------------------------------------
+class WorkerProcess:
+    def __init__(self, *args: str, log_name: str) -> None:
+        RESULTS.mkdir(parents=True, exist_ok=True)
+        self.log_path = RESULTS / f"{log_name}.log"
+        self._log = open(self.log_path, "ab")  # noqa: SIM115 - closed in stop()
+        self.started = time.monotonic()
+        self.proc = subprocess.Popen(
+            [
+                sys.executable,
+                str(REPO / "manage.py"),
+                "runtaskworker",
+                "--log-level",
+                "WARNING",
+                *args,
+            ],
+            cwd=REPO,
+            env={**os.environ, "PYTHONPATH": str(REPO)},
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+        )
+
+    def rss_mb(self) -> float:
+        try:
+            status = Path(f"/proc/{self.proc.pid}/status").read_text()
+        except OSError:
+            return 0.0
+        return int(re.search(r"VmRSS:\s+(\d+)", status).group(1)) / 1024
+
+    def stop(self, sig: int = signal.SIGTERM) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self._log.close()
+
+
+def wait_for(predicate: Callable[[], bool], timeout: float, interval: float = 0.05) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise TimeoutError("benchmark step did not finish in time")
+        time.sleep(interval)
+
+
+def count(conn, where: str) -> int:
+    return conn.execute(f"SELECT count(*) FROM pgqueue_task WHERE {where}").fetchone()[0]
+
+
+def wait_idle_worker(conn) -> None:
+    """Until a worker has registered (it claims before it registers... so also settle)."""
+    wait_for(lambda: conn.execute("SELECT count(*) FROM pgqueue_worker").fetchone()[0] > 0, 30)
+    time.sleep(0.5)
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    index = min(len(ordered) - 1, max(0, round(q / 100 * (len(ordered) - 1))))
+    return ordered[index]
+
+
+def enqueue_backlog(total: int, batch: int = 1000) -> None:
+    from benchmarks.tasks import noop
+
+    for start in range(0, total, batch):
+        noop.enqueue_many(range(start, min(total, start + batch)))
+
+
+# -- workloads -------------------------------------------------------------------------
+def _enqueue_client(n: int, offset: int, url: str, ready, go, results) -> None:
+    setup_django_child(url)
+    from benchmarks.tasks import noop
+
+    noop.enqueue(-1)  # connect and warm up before the clock starts
+    ready.put(1)
+    go.wait()
+    started = time.perf_counter()
+    for i in range(offset, offset + n):
+        noop.enqueue(i)
+    results.put(time.perf_counter() - started)
+
+
+def setup_django_child(url: str) -> None:
+    os.environ["DATABASE_URL"] = url
+    os.environ["DJANGO_SETTINGS_MODULE"] = "benchmarks.settings"
+    import django
+
+    django.setup()
+
+
+def w1_single(total: int, clients: int) -> dict[str, Any]:
+    """``noop.enqueue(i)``, one transaction each, from ``clients`` processes."""
+    reset_queue()
+    ctx = multiprocessing.get_context("spawn")
+    ready, results, go = ctx.Queue(), ctx.Queue(), ctx.Event()
+    per = total // clients
+    procs = [
+        ctx.Process(
+            target=_enqueue_client,
+            args=(per, i * per, os.environ["DATABASE_URL"], ready, go, results),
+        )
+        for i in range(clients)
+    ]
+    for p in procs:
+        p.start()
+    for _ in procs:
+        ready.get(timeout=60)
+    started = time.perf_counter()
+    go.set()
+    times = [results.get(timeout=600) for _ in procs]
+    wall = time.perf_counter() - started
+    for p in procs:
+        p.join()
+    with raw_connection() as conn:
+        written = count(conn, "args <> '[-1]'")
+    return {
+        "rate": per * clients / wall,
+        "wall": wall,
+        "slowest_client": max(times),
+        "written": written,
+    }
+
+
+def w1_many(total: int, batch: int) -> dict[str, Any]:
+    from benchmarks.tasks import noop
+
+    reset_queue()
+    noop.enqueue_many(range(10))  # warm-up
+    started = time.perf_counter()
+    for start in range(0, total, batch):
+        noop.enqueue_many(range(start, start + batch))
+    wall = time.perf_counter() - started
+    return {"rate": total / wall, "wall": wall}
+
+
+def drain(total: int, processes: int, backlog: int | None = None) -> dict[str, Any]:
+    """Pre-enqueue, start worker process(es), time until ``total`` tasks settled.
+
+    The rate is measured on the database's clock: from the first claim (the earliest
+    started_at) to the settlement of the ``total``-th task (its finished_at), so the
+    Python start-up of the worker process is not counted; ``wall`` includes it.
+    """
+    reset_queue()
+    enqueue_backlog(backlog or total)
+    with raw_connection() as conn:
+        conn.execute("VACUUM ANALYZE pgqueue_task")
+        workers = [WorkerProcess(log_name=f"drain-{processes}p-{i}") for i in range(processes)]
+        spawned = time.monotonic()
+        wait_for(lambda: count(conn, "state = 'succeeded'") >= total, 600, 0.1)
+        wall = time.monotonic() - spawned
+        for worker in workers:
+            worker.stop()
+        first, nth = conn.execute(
+            "SELECT (SELECT min(started_at) FROM pgqueue_task),"
+            " (SELECT finished_at FROM pgqueue_task WHERE state = 'succeeded'"
+            "   ORDER BY finished_at OFFSET %s LIMIT 1)",
+            [total - 1],
+        ).fetchone()
+        duplicates = count(conn, "attempt > 1 OR jsonb_array_length(errors) > 0")
+        succeeded = count(conn, "state = 'succeeded'")
+    seconds = (nth - first).total_seconds()
+    return {
+        "rate": total / seconds,
+        "seconds": seconds,
+        "wall": wall,
+        "succeeded": succeeded,
+        "duplicates": duplicates,
+    }
+
+
+def w3_latency(n: int, gap: float) -> dict[str, Any]:
+    from benchmarks.tasks import probe
+    from django_pgqueue.models import Task
+
+    reset_queue()
+    worker = WorkerProcess(log_name="latency")
+    sent: dict[int, float] = {}
+    with raw_connection() as conn:
+        wait_idle_worker(conn)
+        for i in range(n):
+            before = time.time()
+            sent[probe.enqueue(i)] = before
+            time.sleep(gap)
+        wait_for(lambda: count(conn, "state = 'succeeded'") >= n, 60)
+    worker.stop()
+    started = dict(Task.objects.filter(pk__in=sent).values_list("pk", "result"))
+    lat = [(started[pk] - t0) * 1000 for pk, t0 in sent.items()]
+    return {
+        "p50_ms": percentile(lat, 50),
+        "p95_ms": percentile(lat, 95),
+        "p99_ms": percentile(lat, 99),
+        "max_ms": max(lat),
+    }
+
+
+def w5_scheduled(n: int, ahead: float, gap: float) -> dict[str, Any]:
+    from django.utils import timezone
+
+    from benchmarks.tasks import probe
+    from django_pgqueue.models import Task
+
+    reset_queue()
+    worker = WorkerProcess(log_name="scheduled")
+    due: dict[int, float] = {}
+    with raw_connection() as conn:
+        wait_idle_worker(conn)
+        for i in range(n):
+            run_at = timezone.now() + timedelta(seconds=ahead)
+            due[probe.using(run_at=run_at).enqueue(i)] = run_at.timestamp()
+            time.sleep(gap)
+        wait_for(lambda: count(conn, "state = 'succeeded'") >= n, 60)
+    worker.stop()
+    started = dict(Task.objects.filter(pk__in=due).values_list("pk", "result"))
+    late = [(started[pk] - at) * 1000 for pk, at in due.items()]
+    return {
+        "p50_ms": percentile(late, 50),
+        "p99_ms": percentile(late, 99),
+        "min_ms": min(late),
+        "max_ms": max(late),
+    }
+
+
+def w6_recovery(tasks: int, lease: float | None) -> dict[str, Any]:
+    from benchmarks.tasks import hold
+
+    reset_queue()
+    lease_args = ["--lease", str(lease), "--heartbeat", str(lease / 3)] if lease else []
+    doomed = WorkerProcess("--concurrency", str(tasks), *lease_args, log_name="recovery-a")
+    hold.enqueue_many([(600,)] * tasks)
+    with raw_connection() as conn:
+        wait_for(lambda: count(conn, "state = 'running'") == tasks, 60)
+        survivor = WorkerProcess(*lease_args, log_name="recovery-b")
+        wait_for(lambda: conn.execute("SELECT count(*) FROM pgqueue_worker").fetchone()[0] == 2, 30)
+        time.sleep(0.5)
+        doomed.stop(signal.SIGKILL)
+        killed_at = conn.execute("SELECT clock_timestamp()").fetchone()[0]
+        wait_for(lambda: count(conn, "state = 'running' AND attempt = 2") == tasks, 120, 0.1)
+        last = conn.execute(
+            "SELECT max(last_attempted_at) FROM pgqueue_task WHERE attempt = 2"
+        ).fetchone()[0]
+    survivor.stop(signal.SIGKILL)
+    reset_queue()
+    return {"seconds": (last - killed_at).total_seconds(), "lease": lease or 30.0}
+
+
+def w7_soak(total: int) -> dict[str, Any]:
+    reset_queue()
+    enqueue_backlog(total)
+    workers = [WorkerProcess(log_name=f"soak-{i}") for i in range(2)]
+    rss: list[dict[str, float]] = []
+    began = time.monotonic()
+    with raw_connection() as conn:
+        while True:
+            remaining = count(conn, "state IN ('pending', 'running')")
+            rss.append(
+                {
+                    "t": round(time.monotonic() - began, 1),
+                    "done": total - remaining,
+                    "rss_mb": [round(w.rss_mb(), 1) for w in workers],
+                }
+            )
+            if remaining == 0:
+                break
+            time.sleep(2)
+        for worker in workers:
+            worker.stop()
+        tenth = total // 10
+
+        def at(offset: int) -> datetime:
+            return conn.execute(
+                "SELECT finished_at FROM pgqueue_task WHERE state = 'succeeded'"
+                " ORDER BY finished_at OFFSET %s LIMIT 1",
+                [offset],
+            ).fetchone()[0]
+
+        start = conn.execute("SELECT min(started_at) FROM pgqueue_task").fetchone()[0]
+        first = tenth / (at(tenth - 1) - start).total_seconds()
+        last = tenth / (at(total - 1) - at(total - tenth - 1)).total_seconds()
+        sizes = conn.execute(
+            "SELECT pg_relation_size('pgqueue_task'), pg_indexes_size('pgqueue_task'),"
+            " pg_total_relation_size('pgqueue_task')"
+        ).fetchone()
+        duplicates = count(conn, "attempt > 1 OR jsonb_array_length(errors) > 0")
+        succeeded = count(conn, "state = 'succeeded'")
+    early = [max(s["rss_mb"]) for s in rss if s["done"] >= tenth][:1] or [0.0]
+    late = [max(s["rss_mb"]) for s in rss if s["done"] >= total // 2] or [0.0]
+    return {
+        "first_10pct_rate": first,
+        "last_10pct_rate": last,
+        "last_over_first": last / first,
+        "table_mb": sizes[0] / 2**20,
+        "indexes_mb": sizes[1] / 2**20,
+        "total_mb": sizes[2] / 2**20,
+        "rss_at_10pct_mb": early[0],
+        "rss_max_second_half_mb": max(late),
+        "rss_growth": max(late) / early[0] if early[0] else None,
+        "succeeded": succeeded,
+        "duplicates": duplicates,
+        "seconds": rss[-1]["t"],
+        "rss_series": rss,
+    }
+
+
+# -- the run ---------------------------------------------------------------------------
+@dataclass
+class Row:
+    key: str
+    label: str
+    unit: str
+    samples: list[float] = field(default_factory=list)
+    ratio_to: str | None = None  # "baseline" or another row's key
+    target: str = ""
+    check: Callable[[float, float | None], bool] | None = None
+
+    @property
+    def median(self) -> float:
+        return statistics.median(self.samples)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__)
+    parser.add_argument("--runs", type=int, default=3, help="runs of each workload (median)")
+    parser.add_argument("--only", help="comma-separated workloads: W1,W2,W3,W4,W5,W6,W7")
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="one run, smaller sizes, short lease in W6: a smoke test",
+    )
+    parser.add_argument("--soak-tasks", type=int, default=1_000_000)
+    parser.add_argument("--baseline-seconds", type=float, default=10)
+    parser.add_argument("--json", type=Path, help="where to write the results")
+    args = parser.parse_args(argv)
+    only = set((args.only or "W1,W2,W3,W4,W5,W6,W7").upper().split(","))
+    runs = 1 if args.quick else args.runs
+    scale = 0.25 if args.quick else 1.0
+    soak = 100_000 if args.quick else args.soak_tasks
+    n = int(20_000 * scale)
+
+    url = prepare_database()
+    setup_django(url)
+    info = server_info()
+    print(
+        f"django_pgqueue benchmark, {datetime.now():%Y-%m-%d %H:%M}, PostgreSQL "
+        f"{info['postgresql']}, {os.cpu_count()} CPUs, {runs} run(s)",
+        flush=True,
+    )
+
+    rows = {
+        "baseline": Row("baseline", "pgbench baseline (insert+update+delete, 4 clients)", "tps"),
+        "w1_single": Row(
+            "w1_single",
+            f"W1 enqueue, {n:,} x 1 txn, 4 clients",
+            "tasks/s",
+            ratio_to="baseline",
+            target=">= 0.8x baseline",
+            check=lambda v, r: r >= 0.8,
+        ),
+        "w1_single_1c": Row(
+            "w1_single_1c", f"W1 enqueue, {n:,} x 1 txn, 1 client", "tasks/s", ratio_to="baseline"
+        ),
+        "w1_many": Row(
+            "w1_many",
+            "W1 enqueue_many, batches of 1,000",
+            "tasks/s",
+            ratio_to="baseline",
+            target=">= 100,000/s",
+            check=lambda v, r: v >= 100_000,
+        ),
+        "w2a": Row(
+            "w2a",
+            f"W2a drain {n:,}, 1 process",
+            "tasks/s",
+            ratio_to="baseline",
+            target=">= 2.5x baseline",
+            check=lambda v, r: r >= 2.5,
+        ),
+        "w2b": Row(
+            "w2b",
+            f"W2b drain {n:,}, 2 processes",
+            "tasks/s",
+            ratio_to="baseline",
+            target=">= 3x baseline",
+            check=lambda v, r: r >= 3.0,
+        ),
+        "w3_p50": Row(
+            "w3_p50", "W3 idle latency p50", "ms", target="< 2.5 ms", check=lambda v, r: v < 2.5
+        ),
+        "w3_p99": Row(
+            "w3_p99", "W3 idle latency p99", "ms", target="< 5 ms", check=lambda v, r: v < 5
+        ),
+        "w4": Row(
+            "w4",
+            f"W4 drain first {n:,} of {10 * n:,}",
+            "tasks/s",
+            ratio_to="w2a",
+            target=">= 0.9x W2a",
+            check=lambda v, r: r >= 0.9,
+        ),
+        "w5_p50": Row("w5_p50", "W5 scheduled lateness p50", "ms"),
+        "w5_p99": Row(
+            "w5_p99", "W5 scheduled lateness p99", "ms", target="< 20 ms", check=lambda v, r: v < 20
+        ),
+        "w6": Row("w6", "W6 crash recovery of 8 tasks", "s", target="<= lease + 2 s", check=None),
+        "w7_ratio": Row(
+            "w7_ratio",
+            f"W7 soak {soak:,}: last 10% / first 10%",
+            "x",
+            target=">= 0.8",
+            check=lambda v, r: v >= 0.8,
+        ),
+        "w7_rss": Row(
+            "w7_rss",
+            "W7 soak: worker RSS growth (2nd half / at 10%)",
+            "x",
+            target="flat (<= 1.15)",
+            check=lambda v, r: v <= 1.15,
+        ),
+    }
+    raw: dict[str, list[Any]] = {key: [] for key in rows}
+    lease = 5.0 if args.quick else None
+
+    def record(key: str, value: float, detail: Any) -> None:
+        rows[key].samples.append(value)
+        raw[key].append(detail)
+        print(f"  {rows[key].label}: {value:,.2f} {rows[key].unit}", flush=True)
+
+    for run in range(runs):
+        print(f"run {run + 1}/{runs}", flush=True)
+        base = pgbench_baseline(args.baseline_seconds)
+        record("baseline", base, base)
+        if "W1" in only:
+            d = w1_single(n, 4)
+            record("w1_single", d["rate"], d)
+            d = w1_single(n // 4, 1)
+            record("w1_single_1c", d["rate"], d)
+            d = w1_many(n, 1000)
+            record("w1_many", d["rate"], d)
+        if "W2" in only or "W4" in only:
+            d = drain(n, 1)
+            record("w2a", d["rate"], d)
+        if "W2" in only:
+            d = drain(n, 2)
+            record("w2b", d["rate"], d)
+        if "W3" in only:
+            d = w3_latency(200, 0.05)
+            record("w3_p50", d["p50_ms"], d)
+            record("w3_p99", d["p99_ms"], d)
+        if "W4" in only:
+            d = drain(n, 1, backlog=10 * n)
+            record("w4", d["rate"], d)
+        if "W5" in only:
+            d = w5_scheduled(200, 2.0, 0.01)
+            record("w5_p50", d["p50_ms"], d)
+            record("w5_p99", d["p99_ms"], d)
+        if "W6" in only:
+            d = w6_recovery(8, lease)
+            record("w6", d["seconds"], d)
+            rows["w6"].check = lambda v, r, limit=d["lease"] + 2: v <= limit
+            rows["w6"].target = f"<= {d['lease'] + 2:g} s (lease + 2)"
+        if "W7" in only and run == 0:
+            d = w7_soak(soak)
+            record("w7_ratio", d["last_over_first"], d)
+            if d["rss_growth"] is not None:
+                record("w7_rss", d["rss_growth"], {})
+
+    print()
+    print_table(rows)
+    out = args.json or RESULTS / f"results-{datetime.now():%Y%m%d-%H%M%S}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(
+        json.dumps(
+            {
+                "date": datetime.now().isoformat(timespec="seconds"),
+                "server": info,
+                "cpus": os.cpu_count(),
+                "runs": runs,
+                "quick": args.quick,
+                "rows": {
+                    k: {
+                        "label": r.label,
+                        "unit": r.unit,
+                        "samples": r.samples,
+                        "median": r.median if r.samples else None,
+                        "ratio": ratio(rows, r),
+                        "target": r.target,
+                        "met": met(rows, r),
+                    }
+                    for k, r in rows.items()
+                },
+                "raw": raw,
+            },
+            indent=2,
+            default=str,
+        )
+    )
+    print(f"\nresults written to {out}")
+    return 0
+
+
+def ratio(rows: dict[str, Row], row: Row) -> float | None:
+    if not row.samples or row.ratio_to is None or not rows[row.ratio_to].samples:
+        return None
+    return row.median / rows[row.ratio_to].median
+
+
+def met(rows: dict[str, Row], row: Row) -> bool | None:
+    if row.check is None or not row.samples:
+        return None
+    return bool(row.check(row.median, ratio(rows, row)))
+
+
+def print_table(rows: dict[str, Row]) -> None:
+    print(
+        f"{'workload':<52} {'median':>12} {'spread (min-max)':>22} {'ratio':>7}  {'target':<24} met"
+    )
+    for row in rows.values():
+        if not row.samples:
+            continue
+        spread = f"{min(row.samples):,.1f}-{max(row.samples):,.1f}"
+        r = ratio(rows, row)
+        ok = met(rows, row)
+        mark = "" if ok is None else ("yes" if ok else "NO")
+        ratio_text = f"{r:.2f}x" if r is not None else ""
+        print(
+            f"{row.label:<52} {row.median:>12,.1f} {spread:>22} {ratio_text:>7}  "
+            f"{row.target:<24} {mark}  [{row.unit}]"
+        )

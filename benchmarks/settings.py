@@ -1,0 +1,33 @@
+"""Settings of the benchmark: DATABASE_URL, or an embedded server in .pgdata/bench."""
+
+import os
+from pathlib import Path
+
+import environ
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+SECRET_KEY = "benchmark"
+USE_TZ = True
+TIME_ZONE = "UTC"
+INSTALLED_APPS = ["django.contrib.contenttypes", "django.contrib.auth", "django_pgqueue"]
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+if os.environ.get("DATABASE_URL"):
+    DATABASES = {"default": environ.Env.db_url_config(os.environ["DATABASE_URL"])}
+else:
+    from django_pgqueue.embedded import embedded_database_url
+
+    DATABASES = {
+        "default": environ.Env.db_url_config(
+            embedded_database_url(BASE_DIR / ".pgdata" / "bench", dbname="pgqueue_bench")
+        )
+    }
+
+PGQUEUE = {"TASK_MODULES": ["benchmarks.tasks"], "PRUNE_INTERVAL": 3600.0}
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "handlers": {"console": {"class": "logging.StreamHandler"}},
+    "loggers": {"django_pgqueue": {"handlers": ["console"], "level": "WARNING"}},
+}
