@@ -7,6 +7,7 @@ subprocesses always receive DATABASE_URL (pointing at the test database).
 
 import os
 
+import django
 import environ
 
 SECRET_KEY = "tests-only"
@@ -63,10 +64,32 @@ else:
 
 PGQUEUE = {
     "QUEUES": ["default"],
-    "TASK_MODULES": ["tests.tasks"],
+    "TASK_MODULES": ["tests.tasks", "tests.framework_tasks"],
     "DEFAULT_BACKOFF": {"base": 0.05, "factor": 2.0, "cap": 0.2, "jitter": 0.0},
     "POLL_INTERVAL": 0.5,
 }
+
+# Django's Tasks framework on this queue (tests/test_backend.py). "patient" retries an
+# hour later and times attempts out after 1 s, so a test can watch a task between tries.
+TASKS = {
+    "default": {
+        "BACKEND": "django_pgqueue.backends.PgQueueBackend",
+        "QUEUES": ["default", "emails"],
+        "OPTIONS": {
+            "max_attempts": 3,
+            "backoff": {"base": 0.05, "factor": 1.0, "cap": 0.05, "jitter": 0.0},
+        },
+    },
+    "patient": {
+        "BACKEND": "django_pgqueue.backends.PgQueueBackend",
+        "QUEUES": ["default"],
+        "OPTIONS": {"max_attempts": 2, "backoff": 3600, "timeout": 1},
+    },
+}
+if django.VERSION < (6, 0):  # the backport; Django 6 has django.tasks built in
+    INSTALLED_APPS.append("django_tasks")
+# "emails" is served by workers started with --queues (its warning would fill worker logs).
+SILENCED_SYSTEM_CHECKS = ["django_pgqueue.W101"]
 
 LOGGING = {
     "version": 1,

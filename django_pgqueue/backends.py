@@ -1,0 +1,200 @@
+"""A backend for Django's Tasks framework (``django.tasks`` / the ``django_tasks`` backport).
+
+::
+
+    TASKS = {
+        "default": {
+            "BACKEND": "django_pgqueue.backends.PgQueueBackend",
+            "QUEUES": ["default", "emails"],
+            "OPTIONS": {"max_attempts": 5, "backoff": {"base": 10}, "timeout": 60},
+        }
+    }
+
+Tasks decorated with the framework's own ``@task`` are enqueued into the queue's table
+(in the caller's transaction), run by ``runtaskworker`` beside native tasks, and read
+back with ``get_result``. docs/tasks-framework.md describes the mapping and the choices.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from django.apps import apps
+from django.core import checks
+
+from django_pgqueue import exceptions as queue_errors
+from django_pgqueue import framework
+from django_pgqueue.compat import (
+    BaseTaskBackend,
+    InvalidTaskBackendError,
+    InvalidTaskError,
+    Task,
+    TaskResult,
+    TaskResultDoesNotExist,
+    TaskResultStatus,
+    normalize_json,
+    task_enqueued,
+)
+from django_pgqueue.conf import get_settings
+from django_pgqueue.enqueue import enqueue as enqueue_row
+from django_pgqueue.registry import (
+    validate_backoff,
+    validate_max_attempts,
+    validate_queue,
+    validate_timeout,
+)
+from django_pgqueue.retry import RetryPolicy
+
+OPTION_NAMES = ("max_attempts", "backoff", "timeout")
+_MAX_ID = 2**63 - 1
+
+
+class PgQueueBackend(BaseTaskBackend):
+    """Runs framework Tasks on django_pgqueue's table and workers.
+
+    ``OPTIONS`` (all optional; defaults from ``PGQUEUE``): ``max_attempts``,
+    ``backoff`` (a number of seconds or a dict of base/factor/cap/jitter) and
+    ``timeout`` (seconds per attempt), applied to every task enqueued through it.
+    """
+
+    supports_defer = True
+    supports_priority = True
+    supports_get_result = True
+    supports_async_task = True
+
+    def __init__(self, alias: str, params: dict[str, Any]) -> None:
+        super().__init__(alias, params)
+        options = params.get("OPTIONS") or {}
+        unknown = sorted(set(options) - set(OPTION_NAMES))
+        if unknown:
+            raise InvalidTaskBackendError(
+                f"TASKS[{alias!r}]['OPTIONS'] has unknown key(s) {unknown}; "
+                f"valid keys: {', '.join(OPTION_NAMES)}"
+            )
+        conf = get_settings()
+        try:
+            for queue in self.queues:
+                validate_queue(queue)
+            self.max_attempts: int = validate_max_attempts(
+                options.get("max_attempts", conf.DEFAULT_MAX_ATTEMPTS)
+            )
+            self.backoff: RetryPolicy = validate_backoff(
+                options.get("backoff", conf.DEFAULT_BACKOFF)
+            )
+            self.timeout: float | None = validate_timeout(
+                options.get("timeout", conf.DEFAULT_TIMEOUT)
+            )
+        except queue_errors.InvalidTaskError as exc:
+            raise InvalidTaskBackendError(f"TASKS[{alias!r}]: {exc}") from exc
+
+    def validate_task(self, task: Task) -> None:
+        """The framework's checks, then register the task so workers can run it.
+
+        Runs when ``@task`` decorates a function (so importing a tasks module fills the
+        registry), for every ``using()`` copy, and again on enqueue.
+        """
+        super().validate_task(task)
+        if not self.queues:  # the framework accepts any queue name: check ours
+            try:
+                validate_queue(task.queue_name)
+            except queue_errors.InvalidTaskError as exc:
+                raise InvalidTaskError(str(exc)) from exc
+        framework.register(task)
+
+    def enqueue(self, task: Task, args: Any, kwargs: Any) -> TaskResult:
+        """Insert the task in the caller's transaction; returns its READY TaskResult."""
+        from django_pgqueue.models import Task as Row
+
+        self.validate_task(task)
+        definition = framework.register(task)
+        args, kwargs = _normalized(task, args, kwargs)
+        run_after = task.run_after.isoformat() if task.run_after is not None else None
+        call = definition.using(
+            queue=task.queue_name,
+            priority=int(task.priority),
+            run_at=task.run_after,
+            max_attempts=self.max_attempts,
+            backoff=self.backoff,
+            timeout=self.timeout,
+            metadata={framework.MARKER: {"backend": self.alias, "run_after": run_after}},
+        )
+        try:
+            task_id = enqueue_row(call, args, kwargs)
+        except queue_errors.InvalidTaskError as exc:
+            raise queue_errors.InvalidTaskError(
+                f"cannot enqueue {task.module_path}: {exc}"
+            ) from exc
+        database = get_settings().DATABASE
+        # The insert's own clock (same transaction): what get_result will read back.
+        enqueued_at = Row.objects.using(database).values_list("enqueued_at", flat=True)
+        result = TaskResult(
+            task=task,
+            id=str(task_id),
+            status=TaskResultStatus.READY,
+            enqueued_at=enqueued_at.get(pk=task_id),
+            started_at=None,
+            finished_at=None,
+            last_attempted_at=None,
+            args=args,
+            kwargs=kwargs,
+            backend=self.alias,
+            errors=[],
+            worker_ids=[],
+        )
+        framework.send_robust(task_enqueued, result)
+        return result
+
+    def get_result(self, result_id: str) -> TaskResult:
+        """The task's current state, or TaskResultDoesNotExist."""
+        from django_pgqueue.models import Task as Row
+
+        task_id = _parse_id(result_id)
+        try:
+            row = Row.objects.using(get_settings().DATABASE).get(pk=task_id)
+        except Row.DoesNotExist:
+            raise TaskResultDoesNotExist(f"no task result with id {result_id!r}") from None
+        return framework.result_from_row(row)
+
+    def check(self, **kwargs: Any) -> Iterable[checks.CheckMessage]:
+        yield from super().check(**kwargs)
+        if not apps.is_installed("django_pgqueue"):
+            yield checks.Error(
+                f"TASKS[{self.alias!r}] uses {type(self).__name__}, but django_pgqueue is "
+                "not in INSTALLED_APPS",
+                hint="Add 'django_pgqueue' to INSTALLED_APPS and run migrate.",
+                id="django_pgqueue.E101",
+            )
+        unserved = sorted(self.queues - set(get_settings().QUEUES))
+        if unserved:
+            yield checks.Warning(
+                f"TASKS[{self.alias!r}]['QUEUES'] has {unserved}, which are not in "
+                "PGQUEUE['QUEUES']: runtaskworker without --queues will not run them",
+                hint="Add them to PGQUEUE['QUEUES'], or start a worker with --queues.",
+                id="django_pgqueue.W101",
+            )
+
+
+def _normalized(task: Task, args: Any, kwargs: Any) -> tuple[list[Any], dict[str, Any]]:
+    """The framework's JSON rules (tuples -> lists, bytes -> str); jsonb's stricter
+    ones (no NaN, no NUL, string keys only) are applied by the enqueue itself."""
+    try:
+        return normalize_json(list(args)), normalize_json(dict(kwargs))
+    except TypeError as exc:
+        raise TypeError(
+            f"cannot enqueue {task.module_path}: arguments must be JSON values ({exc}); "
+            "pass ids or ISO-8601 strings instead of objects"
+        ) from exc
+    except ValueError as exc:
+        raise ValueError(
+            f"cannot enqueue {task.module_path}: arguments must be JSON values ({exc})"
+        ) from exc
+
+
+def _parse_id(result_id: Any) -> int:
+    text = str(result_id)
+    if not text.isascii() or not text.isdigit() or int(text) > _MAX_ID:
+        raise TaskResultDoesNotExist(
+            f"no task result with id {result_id!r}: ids are the queue's positive integers"
+        )
+    return int(text)
