@@ -40,7 +40,7 @@ def build_row(definition: TaskDefinition, args: Any, kwargs: Any) -> dict[str, A
         raise InvalidTaskError(f"unique_key must be a non-empty string, not {unique_key!r}")
     if unique_key is not None and len(unique_key) > 255:
         raise InvalidTaskError("unique_key must be at most 255 characters")
-    metadata = check_json(opts.metadata, "metadata")
+    metadata = check_json({**_trace_context(), **opts.metadata}, "metadata")
     backoff = opts.backoff or definition.backoff
     timeout = opts.timeout if opts.timeout is not None else definition.timeout
     return {
@@ -59,6 +59,27 @@ def build_row(definition: TaskDefinition, args: Any, kwargs: Any) -> dict[str, A
         "unique_key": unique_key,
         "metadata": dumps(metadata),
     }
+
+
+_propagate: Any = None
+
+
+def _trace_context() -> dict[str, str]:
+    """The W3C ``traceparent`` (and ``tracestate``) of the enqueuing code, when
+    OpenTelemetry is installed and a span is active; the handler finds them in
+    ``context.metadata`` and can continue the same trace."""
+    global _propagate
+    if _propagate is None:
+        try:
+            from opentelemetry import propagate
+        except ImportError:
+            propagate = False
+        _propagate = propagate
+    if not _propagate:
+        return {}
+    carrier: dict[str, str] = {}
+    _propagate.inject(carrier)
+    return {k: v for k, v in carrier.items() if k in ("traceparent", "tracestate")}
 
 
 def _check_run_at(run_at: Any) -> datetime | None:

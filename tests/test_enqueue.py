@@ -187,3 +187,21 @@ def test_enqueue_on_commit_in_a_rolled_back_block_inserts_nothing(
         raise RuntimeError("roll back")
     assert callbacks == []
     assert Task.objects.count() == 0
+
+
+def test_the_enqueuing_trace_context_is_captured_in_metadata():
+    from opentelemetry.sdk.trace import TracerProvider
+
+    tracer = TracerProvider().get_tracer("tests")
+    with tracer.start_as_current_span("view") as span:
+        task_id = tasks.noop.enqueue(1)
+        trace_id = format(span.get_span_context().trace_id, "032x")
+
+    traceparent = Task.objects.get(pk=task_id).metadata["traceparent"]
+    assert traceparent.split("-")[1] == trace_id
+
+
+def test_no_trace_context_means_no_traceparent():
+    task_id = tasks.noop.enqueue(1)
+
+    assert "traceparent" not in Task.objects.get(pk=task_id).metadata
