@@ -149,7 +149,8 @@ def enqueue_many(definition: TaskDefinition, calls: Iterable[Any]) -> list[int]:
 
     The options (queue, priority, run_at, ...) are validated once for the batch; each
     call's args and kwargs are checked like a single enqueue's. With a unique_key, the
-    whole batch shares it: at most one task is inserted and every position returns it.
+    whole batch shares it: the first call is enqueued (unless a live task holds the key)
+    and every position returns that task's id.
     """
     shared = build_row(definition, (), {})
     args_list: list[Any] = []
@@ -163,18 +164,14 @@ def enqueue_many(definition: TaskDefinition, calls: Iterable[Any]) -> list[int]:
             raise InvalidTaskError(f"item {index}: {exc}") from exc
     if not args_list:
         return []
+    alias = database_alias()
+    if shared["unique_key"] is not None:
+        first = {**shared, "args": dumps(args_list[0]), "kwargs": dumps(kwargs_list[0])}
+        return [_insert(alias, first)] * len(args_list)
     params = {**shared, "args_list": dumps(args_list), "kwargs_list": dumps(kwargs_list)}
-    with connections[database_alias()].cursor() as cursor:
+    with connections[alias].cursor() as cursor:
         cursor.execute(QUERIES["enqueue_many"], params)
-        ids = [row[0] for row in cursor.fetchall()]
-        unique_key = shared["unique_key"]
-        if unique_key is None:
-            return ids
-        if not ids:
-            cursor.execute(QUERIES["find_live_unique"], {"unique_key": unique_key})
-            found = cursor.fetchone()
-            ids = [found[0]] if found else [None]
-    return ids * len(args_list)
+        return [row[0] for row in cursor.fetchall()]
 
 
 _EMPTY: dict[str, Any] = {}

@@ -77,9 +77,10 @@ SELECT id
 -- name: enqueue_many
 -- Many calls of one task in one statement. What differs per call (args, kwargs)
 -- travels as two JSON arrays, zipped by ROWS FROM; the options shared by the batch are
--- scalars. With a unique_key (shared by the batch) at most one row is inserted, and
--- none if one is already live. ORDER BY ordinality makes ids follow the input order.
--- One notification per batch (it has one queue).
+-- scalars. ORDER BY ordinality makes ids follow the input order. No ON CONFLICT: a
+-- batch with a unique_key is a single enqueue_unique (the batch shares the key), and
+-- without one, speculative insertion would only slow every row down. One notification
+-- per batch (it has one queue).
 WITH inserted AS (
     INSERT INTO pgqueue_task (
         queue, task_name, handler_version, priority, args, kwargs, run_at,
@@ -90,15 +91,12 @@ WITH inserted AS (
            COALESCE(%(run_at)s::timestamptz,
                     statement_timestamp() + make_interval(secs => COALESCE(%(delay)s::float8, 0))),
            %(max_attempts)s, %(retry_policy)s::jsonb, make_interval(secs => %(timeout)s::float8),
-           %(unique_key)s, %(metadata)s::jsonb
+           NULL, %(metadata)s::jsonb
       FROM ROWS FROM (jsonb_array_elements(%(args_list)s::jsonb),
                       jsonb_array_elements(%(kwargs_list)s::jsonb))
            WITH ORDINALITY AS c(args, kwargs, n)
      ORDER BY c.n
-    ON CONFLICT (unique_key) WHERE unique_key IS NOT NULL
-                                AND state IN ('pending', 'running', 'waiting')
-    DO NOTHING
-    RETURNING id, unique_key
+    RETURNING id
 )
 SELECT id, (SELECT pg_notify('pgqueue', %(queue)s)::text)
   FROM inserted
