@@ -54,6 +54,9 @@ DEFAULTS: dict[str, Any] = {
     "PRUNE_INTERVAL": 60.0,
     "PRUNE_BATCH": 1000,
     "WORKER_STALE_AFTER": 60.0,
+    # A pending task that no live worker can run (unknown name or version) is failed
+    # with an explanation after waiting this long; None keeps it pending forever.
+    "UNROUTABLE_TTL": 24 * 3600.0,
 }
 
 
@@ -87,6 +90,7 @@ class PgQueueSettings:
     PRUNE_INTERVAL: float
     PRUNE_BATCH: int
     WORKER_STALE_AFTER: float
+    UNROUTABLE_TTL: float | None
 
 
 def unknown_keys() -> list[str]:

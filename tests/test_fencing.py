@@ -215,3 +215,33 @@ def test_heartbeat_skips_a_row_its_handler_has_locked_without_calling_it_lost(pg
     assert stats.get("lease_renewals") == 1
     assert row(pg, free.id)["lease_expires_at"] > free.lease_expires_at
     assert row(pg, locked.id)["lease_expires_at"] == locked.lease_expires_at
+
+
+def test_tasks_nobody_can_run_are_failed_with_an_explanation_after_the_ttl(pg):
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from django_pgqueue.worker.sweeper import Sweeper
+    from tests.factories import TaskFactory
+
+    long_ago = timezone.now() - timedelta(hours=2)
+    pg.execute(
+        "INSERT INTO pgqueue_worker (id, hostname, pid, queues, routes, concurrency)"
+        " VALUES ('w-live', 'h', 1, %s, %s, 4)",
+        ['["default"]', '[["tests.tasks.noop", 1]]'],
+    )
+    served = TaskFactory(task_name="tests.tasks.noop", run_at=long_ago)
+    unknown = TaskFactory(task_name="os.system", run_at=long_ago)
+    recent_unknown = TaskFactory(task_name="os.system", run_at=timezone.now())
+    sweeper = Sweeper("default", 1, 60, 3600, WorkerStats())
+
+    failed = sweeper.fail_unroutable()
+    sweeper.session.close()
+
+    assert failed == 1
+    stored = row(pg, unknown.id)
+    assert stored["state"] == "failed" and stored["attempt"] == 0
+    assert "has registered task 'os.system' version 1" in stored["errors"][0]["message"]
+    assert row(pg, served.id)["state"] == "pending"
+    assert row(pg, recent_unknown.id)["state"] == "pending"

@@ -340,6 +340,52 @@ SELECT id, state,
   FROM recovered;
 
 
+-- name: fail_unroutable
+-- Tasks nobody can run, failed with an explanation once they have waited past
+-- UNROUTABLE_TTL: pending and due for that long, and no live worker (heartbeat within
+-- the stale window) serves their queue with their (task_name, handler_version). Until
+-- then they stay pending and burn no attempt (a producer deployed before its consumer
+-- just waits). A worker never imports a name read from a row; this is how a row naming
+-- something no worker registered ends, visibly, instead of waiting forever. Runs rarely
+-- (with the stale-worker cleanup), in small batches; walks pgqueue_task_due.
+WITH live_routes AS (
+    SELECT DISTINCT q.queue, r.route ->> 0 AS task_name, (r.route ->> 1)::int AS version
+      FROM pgqueue_worker AS w,
+           jsonb_array_elements_text(w.queues) AS q(queue),
+           jsonb_array_elements(w.routes) AS r(route)
+     WHERE w.last_heartbeat_at > now() - make_interval(secs => %(stale_seconds)s)
+),
+doomed AS MATERIALIZED (
+    SELECT t.id
+      FROM pgqueue_task AS t
+     WHERE t.state = 'pending'
+       AND t.run_at < now() - make_interval(secs => %(ttl_seconds)s)
+       AND NOT EXISTS (SELECT 1 FROM live_routes AS lr
+                        WHERE lr.queue = t.queue AND lr.task_name = t.task_name
+                          AND lr.version = t.handler_version)
+     LIMIT %(limit)s
+       FOR NO KEY UPDATE SKIP LOCKED
+)
+UPDATE pgqueue_task AS t
+   SET state = 'failed',
+       finished_at = now(),
+       errors = t.errors || jsonb_build_array(jsonb_build_object(
+           'attempt', t.attempt,
+           'type', 'TaskNotRegistered',
+           'message', 'no live worker serving queue ' || quote_literal(t.queue)
+                      || ' has registered task ' || quote_literal(t.task_name)
+                      || ' version ' || t.handler_version || ' for '
+                      || %(ttl_seconds)s || ' s; deploy a worker that has it, then '
+                      || 'requeue this task',
+           'traceback', NULL,
+           'outcome', 'unroutable',
+           'worker_id', NULL,
+           'at', now()))
+  FROM doomed AS d
+ WHERE t.id = d.id
+RETURNING t.id, t.task_name;
+
+
 -- name: cancel_task
 -- Cancel: a pending or waiting task ends cancelled at once; a running one gets
 -- cancel_requested, which its handler sees (context.cancel_requested) and its

@@ -19,9 +19,17 @@ BATCH = 100
 class Sweeper(Periodic):
     name = "sweeper"
 
-    def __init__(self, alias: str, interval: float, stale_after: float, stats: WorkerStats) -> None:
+    def __init__(
+        self,
+        alias: str,
+        interval: float,
+        stale_after: float,
+        unroutable_ttl: float | None,
+        stats: WorkerStats,
+    ) -> None:
         super().__init__(alias, interval)
         self.stale_after = stale_after
+        self.unroutable_ttl = unroutable_ttl
         self.stats = stats
         self._ticks = 0
 
@@ -35,6 +43,28 @@ class Sweeper(Periodic):
             )
             if removed:
                 logger.info("sweeper: removed %d stale worker row(s)", len(removed))
+            if self.unroutable_ttl is not None:
+                self.fail_unroutable()
+
+    def fail_unroutable(self) -> int:
+        """Fail tasks no live worker has been able to run for UNROUTABLE_TTL."""
+        rows = self.session.fetchall(
+            "fail_unroutable",
+            {
+                "stale_seconds": self.stale_after,
+                "ttl_seconds": self.unroutable_ttl,
+                "limit": BATCH,
+            },
+        )
+        for task_id, task_name in rows:
+            logger.error(
+                "sweeper: task %s (%s) failed: no live worker has registered it for %gs",
+                task_id,
+                task_name,
+                self.unroutable_ttl,
+            )
+        self.stats.incr("unroutable_failed", len(rows))
+        return len(rows)
 
     def recover_expired_leases(self) -> int:
         total = 0

@@ -122,7 +122,11 @@ class Worker:
             self._register,
         )
         self.sweeper = Sweeper(
-            self.alias, options.sweep_interval, conf.WORKER_STALE_AFTER, self.stats
+            self.alias,
+            options.sweep_interval,
+            conf.WORKER_STALE_AFTER,
+            conf.UNROUTABLE_TTL,
+            self.stats,
         )
         self.pruner = (
             Pruner(
