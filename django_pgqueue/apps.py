@@ -14,3 +14,12 @@ class PgQueueConfig(AppConfig):
         from django_pgqueue.registry import autodiscover
 
         autodiscover()
+
+        from django_pgqueue.conf import get_settings
+
+        if get_settings().QUEUE_METRICS:
+            # The queue gauges join the default Prometheus registry, which
+            # django-prometheus serves (docs/metrics.md). Nothing is read until a scrape.
+            from django_pgqueue.metrics import register_queue_collector
+
+            register_queue_collector()

@@ -1,18 +1,46 @@
-"""Prometheus metrics of a worker process.
+"""Prometheus metrics: a worker's own counters, and the queue gauges from the database.
 
-The worker serves its own ``/metrics`` (``runtaskworker --metrics-port``). Counters
-follow the worker's own stats: outcomes (success, failure, timeout, lost, cancelled,
-continued, snoozed, released), lease renewals and losses, written-off slots.
+Two sources, served by two kinds of process (docs/metrics.md lists every metric):
+
+* A worker process counts what it does (outcomes, claims, lease renewals and losses,
+  run time, queue wait) and serves them on its own ``/metrics``
+  (``runtaskworker --metrics-port``): ``serve_worker_metrics`` and ``watch_worker``.
+* ``QueueCollector`` reads the queue from the database (pending, unroutable,
+  scheduled, running, waiting and dead tasks by queue and task name; oldest due age,
+  live workers and slots by queue). With ``PGQUEUE["QUEUE_METRICS"]`` (the default)
+  the app registers it in prometheus_client's default registry at startup, which is
+  what django-prometheus serves from the web process. A worker serves it too only with
+  ``PGQUEUE["WORKER_QUEUE_METRICS"]``. Scrapes cannot hammer the database: the
+  collector reads at most once per ``METRICS_CACHE_SECONDS`` (concurrent scrapes share
+  one read), through the index-backed ``queue_overview`` and ``queue_capacity``
+  statements, under a statement timeout.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import logging
+import threading
+import time
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
 
-from prometheus_client import Counter, Gauge, start_http_server
+from prometheus_client import (
+    REGISTRY,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    start_http_server,
+)
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from django_pgqueue.conf import get_settings
 
 if TYPE_CHECKING:
     from django_pgqueue.worker.worker import Worker
+
+logger = logging.getLogger("django_pgqueue.metrics")
 
 OUTCOME_LABELS = (
     "success",
@@ -25,39 +53,274 @@ OUTCOME_LABELS = (
     "released",
 )
 
-TASK_OUTCOMES = Counter(
-    "pgqueue_task_outcomes_total", "Settled task attempts by outcome", ["outcome"]
-)
-LEASE_RENEWALS = Counter("pgqueue_lease_renewals_total", "Leases renewed by heartbeats")
-LEASES_LOST = Counter(
-    "pgqueue_leases_lost_total", "Leases found lost while the handler was running"
-)
-SLOTS_WRITTEN_OFF = Counter(
-    "pgqueue_slots_written_off_total", "Handler slots written off after overrunning"
-)
-TASKS_CLAIMED = Counter("pgqueue_tasks_claimed_total", "Tasks claimed by this process")
-WORKER_SLOTS = Gauge("pgqueue_worker_slots", "Handler slots of this worker process")
+# Seconds: from a few milliseconds to the longest sensible attempt / wait.
+RUNTIME_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900)
+WAIT_BUCKETS = (0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 10, 30, 60, 300, 900, 3600)
 
-_STAT_COUNTERS = {
-    "lease_renewals": LEASE_RENEWALS,
-    "lease_lost": LEASES_LOST,
-    "written_off": SLOTS_WRITTEN_OFF,
-    "claimed": TASKS_CLAIMED,
-}
+
+class WorkerMetrics:
+    """The counters, gauges and histograms of one worker process."""
+
+    def __init__(self, registry: CollectorRegistry = REGISTRY) -> None:
+        self.outcomes = Counter(
+            "pgqueue_task_outcomes_total",
+            "Settled task attempts by outcome",
+            ["outcome"],
+            registry=registry,
+        )
+        self.claimed = Counter(
+            "pgqueue_tasks_claimed_total", "Tasks claimed by this process", registry=registry
+        )
+        self.lease_renewals = Counter(
+            "pgqueue_lease_renewals_total", "Leases renewed by heartbeats", registry=registry
+        )
+        self.leases_lost = Counter(
+            "pgqueue_leases_lost_total",
+            "Leases found lost while the handler was running",
+            registry=registry,
+        )
+        self.leases_recovered = Counter(
+            "pgqueue_leases_recovered_total",
+            "Expired leases (of dead or stalled workers) recovered by this process's sweep",
+            registry=registry,
+        )
+        self.written_off = Counter(
+            "pgqueue_slots_written_off_total",
+            "Handler slots written off after overrunning",
+            registry=registry,
+        )
+        self.pruned = Counter(
+            "pgqueue_tasks_pruned_total",
+            "Terminal tasks deleted by this process's retention",
+            registry=registry,
+        )
+        self.slots = Gauge(
+            "pgqueue_worker_slots", "Handler slots of this worker process", registry=registry
+        )
+        self.in_flight = Gauge(
+            "pgqueue_worker_in_flight",
+            "Tasks this worker process holds a lease on",
+            registry=registry,
+        )
+        self.runtime = Histogram(
+            "pgqueue_task_runtime_seconds",
+            "Run time of settled attempts",
+            ["queue", "task_name"],
+            buckets=RUNTIME_BUCKETS,
+            registry=registry,
+        )
+        self.queue_wait = Histogram(
+            "pgqueue_task_queue_wait_seconds",
+            "Time from a task being due (run_at) to its claim, by the database's clock",
+            ["queue", "task_name"],
+            buckets=WAIT_BUCKETS,
+            registry=registry,
+        )
+        self._stat_counters = {
+            "claimed": self.claimed,
+            "lease_renewals": self.lease_renewals,
+            "lease_lost": self.leases_lost,
+            "leases_recovered": self.leases_recovered,
+            "written_off": self.written_off,
+            "pruned": self.pruned,
+        }
+        for label in OUTCOME_LABELS:
+            self.outcomes.labels(outcome=label)  # export zeros, so rate() sees the start
+
+    def on_stat(self, name: str, amount: int) -> None:
+        """A WorkerStats listener."""
+        if name in OUTCOME_LABELS:
+            self.outcomes.labels(outcome=name).inc(amount)
+        elif name in self._stat_counters:
+            self._stat_counters[name].inc(amount)
+
+    def on_settled(self, sender: Any, **kwargs: Any) -> None:
+        """A task_settled receiver: the run-time and queue-wait histograms."""
+        labels = {"queue": kwargs["queue"], "task_name": sender.name}
+        self.runtime.labels(**labels).observe(kwargs["runtime"])
+        self.queue_wait.labels(**labels).observe(kwargs["queue_wait"])
+
+
+_worker_metrics: WorkerMetrics | None = None
 
 
 def serve_worker_metrics(port: int) -> None:
+    """Serve this process's default registry on ``port`` (``/metrics``).
+
+    The queue gauges are left out unless ``PGQUEUE["WORKER_QUEUE_METRICS"]``: every
+    worker would otherwise read the same numbers from the database.
+    """
+    if get_settings().WORKER_QUEUE_METRICS:
+        register_queue_collector()
+    else:
+        unregister_queue_collector()
     start_http_server(port)
 
 
 def watch_worker(worker: Worker) -> None:
-    """Mirror the worker's stats into the Prometheus counters."""
-    WORKER_SLOTS.set(worker.options.concurrency)
+    """Mirror the worker's stats and settlements into the Prometheus metrics."""
+    global _worker_metrics
+    from django_pgqueue.signals import task_settled
 
-    def on_stat(name: str, amount: int) -> None:
-        if name in OUTCOME_LABELS:
-            TASK_OUTCOMES.labels(outcome=name).inc(amount)
-        elif name in _STAT_COUNTERS:
-            _STAT_COUNTERS[name].inc(amount)
+    if _worker_metrics is None:
+        _worker_metrics = WorkerMetrics()
+    metrics = _worker_metrics
+    metrics.slots.set(worker.options.concurrency)
+    metrics.in_flight.set_function(lambda: len(worker.inflight))
+    worker.stats.add_listener(metrics.on_stat)
+    task_settled.connect(metrics.on_settled, dispatch_uid="django_pgqueue.metrics")
 
-    worker.stats.add_listener(on_stat)
+
+# -- the queue gauges -----------------------------------------------------------------
+
+_TASK_GAUGES = (
+    ("pending", "pgqueue_tasks_pending", "Tasks due and waiting to be claimed"),
+    (
+        "pending_unroutable",
+        "pgqueue_tasks_unroutable",
+        "Tasks due that no live worker can run (no worker registered the task name and "
+        "version for the queue); included in pgqueue_tasks_pending",
+    ),
+    ("scheduled", "pgqueue_tasks_scheduled", "Pending tasks whose run_at is in the future"),
+    ("running", "pgqueue_tasks_running", "Tasks under a worker's lease"),
+    ("waiting", "pgqueue_tasks_waiting", "Tasks waiting for a signal or timeout"),
+    ("failed", "pgqueue_tasks_failed", "Dead letters: tasks failed for good, kept until DEAD_TTL"),
+)
+_QUEUE_GAUGES = (
+    (
+        "oldest_due_seconds",
+        "pgqueue_queue_oldest_due_seconds",
+        "Age of the oldest due task of the queue (0 when nothing is due)",
+    ),
+    ("workers", "pgqueue_queue_workers", "Live workers serving the queue"),
+    ("slots", "pgqueue_queue_slots", "Handler slots of the live workers serving the queue"),
+)
+
+
+class QueueCollector(Collector):
+    """Gauges of the queue read from the database, cached for ``ttl`` seconds."""
+
+    def __init__(self, ttl: float | None = None, statement_timeout: float = 5.0) -> None:
+        self.ttl = ttl
+        self.statement_timeout = statement_timeout
+        self._lock = threading.Lock()
+        self._read_at: float | None = None
+        self._metrics: list[Metric] = []
+
+    def describe(self) -> Iterable[Metric]:
+        # Defined so that registering does not read the database.
+        for _key, name, documentation in _TASK_GAUGES:
+            yield GaugeMetricFamily(name, documentation, labels=["queue", "task_name"])
+        for _key, name, documentation in _QUEUE_GAUGES:
+            yield GaugeMetricFamily(name, documentation, labels=["queue"])
+        yield GaugeMetricFamily("pgqueue_queue_metrics_up", "1 if the last read succeeded")
+
+    def collect(self) -> Iterable[Metric]:
+        ttl = get_settings().METRICS_CACHE_SECONDS if self.ttl is None else self.ttl
+        with self._lock:  # concurrent scrapes wait for one read and share it
+            now = time.monotonic()
+            if self._read_at is None or now - self._read_at >= ttl:
+                self._metrics = self._read()
+                self._read_at = now
+            return list(self._metrics)
+
+    def _read(self) -> list[Metric]:
+        try:
+            overview, capacity = self._query()
+        except Exception:
+            logger.exception("queue metrics: could not read the queue from the database")
+            return [
+                GaugeMetricFamily("pgqueue_queue_metrics_up", "1 if the last read succeeded", 0)
+            ]
+        return [
+            *queue_metric_families(overview, capacity),
+            GaugeMetricFamily("pgqueue_queue_metrics_up", "1 if the last read succeeded", 1),
+        ]
+
+    def _query(self) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+        from django.db import connections, transaction
+
+        from django_pgqueue.operations import queue_capacity, queue_overview
+
+        alias = get_settings().DATABASE
+        connection = connections[alias]
+        nested = connection.in_atomic_block
+        try:
+            with transaction.atomic(using=alias), connection.cursor() as cursor:
+                # Bounded: SET LOCAL, so the timeout ends with this transaction.
+                cursor.execute("SELECT current_setting('statement_timeout')")
+                (previous,) = cursor.fetchone()
+                cursor.execute(
+                    "SELECT set_config('statement_timeout', %s, true)",
+                    [f"{int(self.statement_timeout * 1000)}ms"],
+                )
+                overview = queue_overview()
+                capacity = queue_capacity()
+                if nested:  # inside the caller's transaction: give its timeout back
+                    cursor.execute("SELECT set_config('statement_timeout', %s, true)", [previous])
+        finally:
+            if not nested:
+                # Scrapes of a worker's /metrics come on short-lived threads, each with
+                # its own Django connection: do not leave one open per scrape.
+                connection.close()
+        return overview, capacity
+
+
+def queue_metric_families(
+    overview: list[dict[str, Any]], capacity: list[dict[str, Any]]
+) -> list[Metric]:
+    """The gauges for one read of ``queue_overview`` and ``queue_capacity``."""
+    task_families = {
+        key: GaugeMetricFamily(name, documentation, labels=["queue", "task_name"])
+        for key, name, documentation in _TASK_GAUGES
+    }
+    queue_values: dict[str, dict[str, float]] = {}
+    for row in overview:
+        labels = [row["queue"], row["task_name"]]
+        values = {
+            **row,
+            "pending": row["pending_routable"] + row["pending_unroutable"],
+        }
+        for key, family in task_families.items():
+            family.add_metric(labels, values[key])
+        per_queue = queue_values.setdefault(
+            row["queue"], {"oldest_due_seconds": 0.0, "workers": 0, "slots": 0}
+        )
+        per_queue["oldest_due_seconds"] = max(
+            per_queue["oldest_due_seconds"], row["oldest_due_seconds"] or 0.0
+        )
+    for row in capacity:
+        per_queue = queue_values.setdefault(
+            row["queue"], {"oldest_due_seconds": 0.0, "workers": 0, "slots": 0}
+        )
+        per_queue["workers"] = row["workers"]
+        per_queue["slots"] = row["slots"]
+    queue_families = []
+    for key, name, documentation in _QUEUE_GAUGES:
+        family = GaugeMetricFamily(name, documentation, labels=["queue"])
+        for queue, values in sorted(queue_values.items()):
+            family.add_metric([queue], values[key])
+        queue_families.append(family)
+    return [*task_families.values(), *queue_families]
+
+
+_queue_collector: QueueCollector | None = None
+_queue_collector_lock = threading.Lock()
+
+
+def register_queue_collector(registry: CollectorRegistry = REGISTRY) -> QueueCollector:
+    """Register the queue gauges in ``registry`` (once; the app does it at startup)."""
+    global _queue_collector
+    with _queue_collector_lock:
+        if _queue_collector is None:
+            _queue_collector = QueueCollector()
+            registry.register(_queue_collector)
+        return _queue_collector
+
+
+def unregister_queue_collector(registry: CollectorRegistry = REGISTRY) -> None:
+    global _queue_collector
+    with _queue_collector_lock:
+        if _queue_collector is not None:
+            registry.unregister(_queue_collector)
+            _queue_collector = None

@@ -93,6 +93,12 @@ class Task(models.Model):
                 name="pgqueue_task_retention",
                 condition=Q(state__in=["succeeded", "failed", "cancelled"]),
             ),
+            # The queue overview counts waiting rows without scanning the table.
+            models.Index(
+                fields=["queue", "task_name"],
+                name="pgqueue_task_waiting",
+                condition=Q(state="waiting"),
+            ),
         ]
         constraints = [
             models.UniqueConstraint(
@@ -122,6 +128,17 @@ class Task(models.Model):
     @property
     def is_terminal(self) -> bool:
         return self.state in TERMINAL_STATES
+
+
+class QueueOverview(Task):
+    """No table of its own: the admin's queue overview page hangs off this proxy, so
+    that the admin index links to it (see admin.py)."""
+
+    class Meta:
+        proxy = True
+        default_permissions = ()
+        verbose_name = _("queue overview")
+        verbose_name_plural = _("queue overview")
 
 
 class Worker(models.Model):

@@ -1,7 +1,10 @@
-"""Operations on tasks outside the worker: read, cancel, and the queue overview."""
+"""Operations on tasks outside the worker: read, cancel, retry and requeue, delete,
+retention on demand, and the queue overview."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from django.db import connections
@@ -39,9 +42,107 @@ def cancel(task_id: int) -> str | None:
 
 def queue_overview() -> list[dict[str, Any]]:
     """Per (queue, task_name): pending routable / unroutable, scheduled, running,
-    waiting, failed, and the age in seconds of the oldest due task."""
+    waiting, failed (dead letters), the age in seconds of the oldest due task, and
+    completed_5m / completed_1h / failed_5m / failed_1h (finished in the last 5
+    minutes / hour)."""
     conf = get_settings()
     with connections[conf.DATABASE].cursor() as cursor:
         cursor.execute(QUERIES["queue_overview"], {"stale_seconds": conf.WORKER_STALE_AFTER})
         columns = [c[0] for c in cursor.description]
         return [dict(zip(columns, row, strict=True)) for row in cursor.fetchall()]
+
+
+def _fetchall(query: str, params: dict[str, Any]) -> list[tuple]:
+    with connections[get_settings().DATABASE].cursor() as cursor:
+        cursor.execute(QUERIES[query], params)
+        return cursor.fetchall()
+
+
+def _dicts(query: str, params: dict[str, Any]) -> list[dict[str, Any]]:
+    with connections[get_settings().DATABASE].cursor() as cursor:
+        cursor.execute(QUERIES[query], params)
+        columns = [c[0] for c in cursor.description]
+        return [dict(zip(columns, row, strict=True)) for row in cursor.fetchall()]
+
+
+def queue_history(minutes: int = 60) -> list[dict[str, Any]]:
+    """Per minute of the last ``minutes``: tasks completed, tasks dead-lettered, and the
+    queue depth (due, not yet started) at the end of the minute, oldest minute first."""
+    return _dicts("queue_history", {"minutes": minutes})
+
+
+def queue_capacity() -> list[dict[str, Any]]:
+    """Per queue: live workers serving it, their slots and their tasks in flight."""
+    return _dicts("queue_capacity", {"stale_seconds": get_settings().WORKER_STALE_AFTER})
+
+
+def retry_now(task_ids: Iterable[int]) -> list[int]:
+    """Make these tasks due now: pending ones at once, dead letters with one more
+    attempt. Running and finished tasks are left alone. Returns the ids retried."""
+    rows = _fetchall("retry_now", {"ids": [int(i) for i in task_ids]})
+    return sorted(row[0] for row in rows)
+
+
+def requeue_dead(
+    task_ids: Iterable[int] | None = None,
+    *,
+    task_name: str | None = None,
+    queue: str | None = None,
+    since: datetime | None = None,
+    dry_run: bool = False,
+) -> list[int]:
+    """Put dead letters (failed tasks) back to pending with a fresh attempt budget.
+
+    Filters combine (None matches all); ``since`` keeps tasks that died at or after it.
+    A dead letter whose unique_key is live again is skipped. With ``dry_run``, nothing
+    changes and the ids that would be requeued are returned.
+    """
+    params = {
+        "ids": None if task_ids is None else [int(i) for i in task_ids],
+        "task_name": task_name,
+        "queue": queue,
+        "since": since,
+    }
+    rows = _fetchall("find_dead" if dry_run else "requeue_dead", params)
+    return [row[0] for row in rows]
+
+
+def delete_finished(task_ids: Iterable[int]) -> list[int]:
+    """Delete these tasks if they are finished (succeeded, failed or cancelled).
+    Pending, running and waiting tasks are never deleted. Returns the ids deleted."""
+    rows = _fetchall("delete_finished", {"ids": [int(i) for i in task_ids]})
+    return sorted(row[0] for row in rows)
+
+
+def prunable_counts(
+    result_ttl: float | None = None, dead_ttl: float | None = None
+) -> dict[str, int]:
+    """How many rows retention would delete now, per state (defaults: the settings)."""
+    conf = get_settings()
+    params = {
+        "result_ttl": conf.RESULT_TTL if result_ttl is None else result_ttl,
+        "dead_ttl": conf.DEAD_TTL if dead_ttl is None else dead_ttl,
+    }
+    return dict(_fetchall("count_prunable", params))
+
+
+def prune_expired(
+    result_ttl: float | None = None, dead_ttl: float | None = None, batch: int | None = None
+) -> int:
+    """Run retention now, batch by batch (what the worker's pruner does on its
+    interval). Returns how many rows were deleted."""
+    from django_pgqueue.worker.pruner import prune
+
+    conf = get_settings()
+    return prune(
+        _fetchall,
+        conf.RESULT_TTL if result_ttl is None else result_ttl,
+        conf.DEAD_TTL if dead_ttl is None else dead_ttl,
+        conf.PRUNE_BATCH if batch is None else batch,
+    )
+
+
+def delete_stale_workers() -> list[str]:
+    """Remove registry rows of workers that stopped heartbeating (WORKER_STALE_AFTER)."""
+    rows = _fetchall("delete_stale_workers", {"stale_seconds": get_settings().WORKER_STALE_AFTER})
+    return [row[0] for row in rows]

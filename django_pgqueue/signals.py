@@ -3,9 +3,13 @@
 ``task_settled`` is sent by the settler after an outcome has been written (and only
 then): ``sender`` is the TaskDefinition, with keyword arguments ``task_id``,
 ``attempt``, ``outcome`` (success, failure, timeout, cancelled, continued, snoozed,
-released), ``state`` (the row's new state) and ``written`` (False when the fence
-matched nothing: the outcome was lost). Receivers run on the settler thread: keep them
-short; an exception in a receiver is logged and does not affect the task.
+released), ``state`` (the row's new state), ``written`` (False when the fence
+matched nothing: the outcome was lost), ``queue``, ``runtime`` (seconds the attempt
+ran: the handler's own time for a success, else from the claim to the outcome) and
+``queue_wait`` (seconds the task was due before it was claimed, by the database's
+clock; metrics.py builds its histograms from these). Receivers run on the settler
+thread: keep them short; an exception in a receiver is logged and does not affect the
+task.
 """
 
 from django.dispatch import Signal

@@ -10,6 +10,7 @@
 --   pgqueue_task_due        (queue, run_at, id)                WHERE state = 'pending'
 --   pgqueue_task_lease      (lease_expires_at)                 WHERE state = 'running'
 --   pgqueue_task_retention  (state, finished_at)               WHERE state is terminal
+--   pgqueue_task_waiting    (queue, task_name)                 WHERE state = 'waiting'
 --   pgqueue_task_unique_live UNIQUE (unique_key) WHERE unique_key IS NOT NULL AND live
 --
 -- Wake-ups: enqueue and every path that makes a task due again send
@@ -454,11 +455,22 @@ RETURNING t.state;
 
 
 -- name: queue_overview
--- Per queue and task name: what is waiting and whether anyone can run it. A pending,
--- due task is "routable" when a live worker (heartbeat within the stale window)
--- serves its queue and has registered its (task_name, handler_version); otherwise it
--- is "unroutable": a producer was deployed without its consumer. Only live and dead
--- rows are counted (terminal successes are history), through the partial indexes.
+-- Per queue and task name: what is waiting, whether anyone can run it, and what
+-- finished lately. A pending, due task is "routable" when a live worker (heartbeat
+-- within the stale window) serves its queue and has registered its (task_name,
+-- handler_version); otherwise it is "unroutable": a producer was deployed without its
+-- consumer. "completed" means succeeded; "failed" means dead-lettered (a failed
+-- attempt that will be retried is still pending).
+--
+-- Each state is read through its own partial index, so the cost follows the backlog
+-- and the last hour, never the history (which is most of the table). That is why the
+-- states are a UNION ALL and not one "state IN (...)", which the planner answers with
+-- a scan of the whole table:
+--   pending    pgqueue_task_due        (due and scheduled)
+--   running    pgqueue_task_lease
+--   waiting    pgqueue_task_waiting
+--   failed     pgqueue_task_retention  (every dead letter, with when it died)
+--   succeeded  pgqueue_task_retention  (finished_at within the last hour only)
 WITH live_routes AS (
     SELECT DISTINCT q.queue, r.route ->> 0 AS task_name, (r.route ->> 1)::int AS version
       FROM pgqueue_worker AS w,
@@ -466,25 +478,259 @@ WITH live_routes AS (
            jsonb_array_elements(w.routes) AS r(route)
      WHERE w.last_heartbeat_at > now() - make_interval(secs => %(stale_seconds)s)
 ),
-live AS (
-    SELECT t.queue, t.task_name, t.handler_version, t.state, t.run_at
-      FROM pgqueue_task AS t
-     WHERE t.state IN ('pending', 'running', 'waiting', 'failed')
+tasks AS (
+    SELECT queue, task_name, handler_version, state, run_at, NULL::timestamptz AS finished_at
+      FROM pgqueue_task
+     WHERE state = 'pending'
+    UNION ALL
+    SELECT queue, task_name, handler_version, state, run_at, NULL
+      FROM pgqueue_task
+     WHERE state = 'running'
+    UNION ALL
+    SELECT queue, task_name, handler_version, state, run_at, NULL
+      FROM pgqueue_task
+     WHERE state = 'waiting'
+    UNION ALL
+    SELECT queue, task_name, handler_version, state, run_at, finished_at
+      FROM pgqueue_task
+     WHERE state = 'failed'
+    UNION ALL
+    SELECT queue, task_name, handler_version, state, run_at, finished_at
+      FROM pgqueue_task
+     WHERE state = 'succeeded'
+       AND finished_at >= now() - interval '1 hour'
 )
-SELECT l.queue,
-       l.task_name,
-       count(*) FILTER (WHERE l.state = 'pending' AND l.run_at <= now()
+SELECT t.queue,
+       t.task_name,
+       count(*) FILTER (WHERE t.state = 'pending' AND t.run_at <= now()
                           AND lr.task_name IS NOT NULL) AS pending_routable,
-       count(*) FILTER (WHERE l.state = 'pending' AND l.run_at <= now()
+       count(*) FILTER (WHERE t.state = 'pending' AND t.run_at <= now()
                           AND lr.task_name IS NULL) AS pending_unroutable,
-       count(*) FILTER (WHERE l.state = 'pending' AND l.run_at > now()) AS scheduled,
-       count(*) FILTER (WHERE l.state = 'running') AS running,
-       count(*) FILTER (WHERE l.state = 'waiting') AS waiting,
-       count(*) FILTER (WHERE l.state = 'failed') AS failed,
-       EXTRACT(EPOCH FROM now() - min(l.run_at) FILTER (
-           WHERE l.state = 'pending' AND l.run_at <= now()))::float8 AS oldest_due_seconds
-  FROM live AS l
+       count(*) FILTER (WHERE t.state = 'pending' AND t.run_at > now()) AS scheduled,
+       count(*) FILTER (WHERE t.state = 'running') AS running,
+       count(*) FILTER (WHERE t.state = 'waiting') AS waiting,
+       count(*) FILTER (WHERE t.state = 'failed') AS failed,
+       EXTRACT(EPOCH FROM now() - min(t.run_at) FILTER (
+           WHERE t.state = 'pending' AND t.run_at <= now()))::float8 AS oldest_due_seconds,
+       count(*) FILTER (WHERE t.state = 'succeeded'
+                          AND t.finished_at >= now() - interval '5 minutes') AS completed_5m,
+       count(*) FILTER (WHERE t.state = 'succeeded') AS completed_1h,
+       count(*) FILTER (WHERE t.state = 'failed'
+                          AND t.finished_at >= now() - interval '5 minutes') AS failed_5m,
+       count(*) FILTER (WHERE t.state = 'failed'
+                          AND t.finished_at >= now() - interval '1 hour') AS failed_1h
+  FROM tasks AS t
   LEFT JOIN live_routes AS lr
-    ON lr.queue = l.queue AND lr.task_name = l.task_name AND lr.version = l.handler_version
- GROUP BY l.queue, l.task_name
- ORDER BY l.queue, l.task_name;
+    ON t.state = 'pending'
+   AND lr.queue = t.queue AND lr.task_name = t.task_name AND lr.version = t.handler_version
+ GROUP BY t.queue, t.task_name
+ ORDER BY t.queue, t.task_name;
+
+
+-- name: queue_history
+-- The overview's chart: per minute of the last %(minutes)s, how many tasks completed
+-- (succeeded) and were dead-lettered, and the queue depth (tasks due and not yet
+-- started) at the end of the minute. Nothing is sampled or stored: the depth is
+-- rebuilt from the rows, each task being "in the queue" from its run_at (when it
+-- became due) until its last claim (last_attempted_at) or, never claimed, until it
+-- was cancelled (finished_at); still pending means still in the queue. Earlier waits
+-- of a task that was retried are not counted (its run_at was moved on). Reads only
+-- the backlog and the rows finished inside the window, per state, through
+-- pgqueue_task_due, pgqueue_task_lease and pgqueue_task_retention (a "state IN (...)"
+-- on the terminal states makes the planner scan the whole table).
+WITH spans AS MATERIALIZED (
+    SELECT run_at AS entered, NULL::timestamptz AS left_at,
+           NULL::text AS outcome, NULL::timestamptz AS finished_at
+      FROM pgqueue_task
+     WHERE state = 'pending' AND run_at <= now()
+    UNION ALL
+    SELECT run_at, last_attempted_at, NULL, NULL
+      FROM pgqueue_task
+     WHERE state = 'running'
+    UNION ALL
+    SELECT run_at,
+           CASE WHEN last_attempted_at >= run_at THEN last_attempted_at ELSE finished_at END,
+           'completed', finished_at
+      FROM pgqueue_task
+     WHERE state = 'succeeded'
+       AND finished_at >= date_trunc('minute', now()) - make_interval(mins => %(minutes)s - 1)
+    UNION ALL
+    SELECT run_at,
+           CASE WHEN last_attempted_at >= run_at THEN last_attempted_at ELSE finished_at END,
+           'failed', finished_at
+      FROM pgqueue_task
+     WHERE state = 'failed'
+       AND finished_at >= date_trunc('minute', now()) - make_interval(mins => %(minutes)s - 1)
+    UNION ALL
+    SELECT run_at,
+           CASE WHEN last_attempted_at >= run_at THEN last_attempted_at ELSE finished_at END,
+           NULL, NULL
+      FROM pgqueue_task
+     WHERE state = 'cancelled'
+       AND finished_at >= date_trunc('minute', now()) - make_interval(mins => %(minutes)s - 1)
+),
+-- Per minute: tasks that became due (those already waiting when the window opened
+-- count in its first minute; those that had left by then, not at all), tasks that
+-- left the queue, tasks that finished. The depth is the running sum of the first
+-- minus the second.
+entered AS (
+    SELECT date_trunc('minute', GREATEST(
+               entered,
+               date_trunc('minute', now()) - make_interval(mins => %(minutes)s - 1))) AS minute,
+           count(*) AS n
+      FROM spans
+     WHERE entered < COALESCE(left_at, 'infinity')
+       AND COALESCE(left_at, 'infinity')
+           >= date_trunc('minute', now()) - make_interval(mins => %(minutes)s - 1)
+     GROUP BY 1
+),
+departed AS (
+    SELECT date_trunc('minute', left_at) AS minute, count(*) AS n
+      FROM spans
+     WHERE entered < left_at
+     GROUP BY 1
+),
+finished AS (
+    SELECT date_trunc('minute', finished_at) AS minute,
+           count(*) FILTER (WHERE outcome = 'completed') AS completed,
+           count(*) FILTER (WHERE outcome = 'failed') AS failed
+      FROM spans
+     WHERE outcome IS NOT NULL
+     GROUP BY 1
+)
+SELECT m.minute,
+       COALESCE(f.completed, 0) AS completed,
+       COALESCE(f.failed, 0) AS failed,
+       (sum(COALESCE(e.n, 0) - COALESCE(d.n, 0)) OVER (ORDER BY m.minute))::bigint AS depth
+  FROM generate_series(date_trunc('minute', now()) - make_interval(mins => %(minutes)s - 1),
+                       date_trunc('minute', now()),
+                       interval '1 minute') AS m(minute)
+  LEFT JOIN entered AS e ON e.minute = m.minute
+  LEFT JOIN departed AS d ON d.minute = m.minute
+  LEFT JOIN finished AS f ON f.minute = m.minute
+ ORDER BY m.minute;
+
+
+-- name: queue_capacity
+-- Live workers per queue: how many, their slots and tasks in flight. A worker serving
+-- several queues counts in each (its slots are shared between them). pgqueue_worker
+-- has one row per worker process: no index needed.
+SELECT q.queue,
+       count(*) AS workers,
+       sum(w.concurrency)::bigint AS slots,
+       sum(w.in_flight)::bigint AS in_flight
+  FROM pgqueue_worker AS w,
+       jsonb_array_elements_text(w.queues) AS q(queue)
+ WHERE w.last_heartbeat_at > now() - make_interval(secs => %(stale_seconds)s)
+ GROUP BY q.queue
+ ORDER BY q.queue;
+
+
+-- name: retry_now
+-- An operator's "retry now": a pending task becomes due at once; a dead letter goes
+-- back to pending, due at once, with one more attempt (max_attempts is raised to
+-- attempt + 1 if it was spent; requeue_dead gives a fresh budget instead).
+-- State-checked, never fenced out of a worker's hands: only rows that are pending or
+-- failed when the row lock is taken match. A row a worker claimed meanwhile is
+-- running by then (READ COMMITTED re-checks the WHERE on the locked row) and is left
+-- alone, its lease, token and attempt untouched; the claim's SKIP LOCKED skips a row
+-- this statement holds. A dead letter whose unique_key is live again (the same key
+-- was enqueued since) stays dead: two live rows may not share a key
+-- (pgqueue_task_unique_live). By primary key; wakes the queues it made due.
+WITH retried AS (
+    UPDATE pgqueue_task AS t
+       SET state = 'pending',
+           run_at = now(),
+           max_attempts = CASE WHEN t.state = 'failed'
+                               THEN GREATEST(t.max_attempts, t.attempt + 1)
+                               ELSE t.max_attempts END,
+           finished_at = NULL,
+           cancel_requested = false
+     WHERE t.id = ANY (%(ids)s::bigint[])
+       AND t.state IN ('pending', 'failed')
+       AND (t.state = 'pending' OR t.unique_key IS NULL OR NOT EXISTS (
+               SELECT 1
+                 FROM pgqueue_task AS l
+                WHERE l.unique_key = t.unique_key
+                  AND l.state IN ('pending', 'running', 'waiting')))
+    RETURNING t.id, t.queue
+)
+SELECT id, pg_notify('pgqueue', queue)::text FROM retried;
+
+
+-- name: requeue_dead
+-- Dead letters back to pending with a fresh attempt budget (attempt = 0), due now;
+-- their errors are kept. Every filter is optional (NULL matches all): ids, task_name,
+-- queue, and since (died at or after; finished_at through pgqueue_task_retention).
+-- State-checked like retry_now (only rows still failed under the row lock; a live
+-- unique_key keeps its dead twin dead). Wakes the queues it made due.
+WITH requeued AS (
+    UPDATE pgqueue_task AS t
+       SET state = 'pending',
+           attempt = 0,
+           run_at = now(),
+           finished_at = NULL,
+           cancel_requested = false
+     WHERE t.state = 'failed'
+       AND (%(ids)s::bigint[] IS NULL OR t.id = ANY (%(ids)s::bigint[]))
+       AND (%(task_name)s::text IS NULL OR t.task_name = %(task_name)s::text)
+       AND (%(queue)s::text IS NULL OR t.queue = %(queue)s::text)
+       AND (%(since)s::timestamptz IS NULL OR t.finished_at >= %(since)s::timestamptz)
+       AND (t.unique_key IS NULL OR NOT EXISTS (
+               SELECT 1
+                 FROM pgqueue_task AS l
+                WHERE l.unique_key = t.unique_key
+                  AND l.state IN ('pending', 'running', 'waiting')))
+    RETURNING t.id, t.queue
+)
+SELECT id, pg_notify('pgqueue', queue)::text FROM requeued ORDER BY id;
+
+
+-- name: find_dead
+-- The ids requeue_dead would take with the same filters (its dry run).
+SELECT t.id
+  FROM pgqueue_task AS t
+ WHERE t.state = 'failed'
+   AND (%(ids)s::bigint[] IS NULL OR t.id = ANY (%(ids)s::bigint[]))
+   AND (%(task_name)s::text IS NULL OR t.task_name = %(task_name)s::text)
+   AND (%(queue)s::text IS NULL OR t.queue = %(queue)s::text)
+   AND (%(since)s::timestamptz IS NULL OR t.finished_at >= %(since)s::timestamptz)
+   AND (t.unique_key IS NULL OR NOT EXISTS (
+           SELECT 1
+             FROM pgqueue_task AS l
+            WHERE l.unique_key = t.unique_key
+              AND l.state IN ('pending', 'running', 'waiting')))
+ ORDER BY t.id;
+
+
+-- name: delete_finished
+-- Delete rows an operator selected, if they are terminal and hold no lease (the same
+-- guard as prune): a pending, running or waiting task is never deleted (cancel it
+-- first). By primary key.
+DELETE FROM pgqueue_task
+ WHERE id = ANY (%(ids)s::bigint[])
+   AND state IN ('succeeded', 'failed', 'cancelled')
+   AND lease_token IS NULL
+RETURNING id;
+
+
+-- name: count_prunable
+-- What prune would delete now, per state (its dry run): the same conditions, counted
+-- through pgqueue_task_retention, one state at a time.
+SELECT 'succeeded' AS state, count(*)
+  FROM pgqueue_task
+ WHERE state = 'succeeded'
+   AND finished_at < now() - make_interval(secs => %(result_ttl)s)
+   AND lease_token IS NULL
+UNION ALL
+SELECT 'cancelled', count(*)
+  FROM pgqueue_task
+ WHERE state = 'cancelled'
+   AND finished_at < now() - make_interval(secs => %(result_ttl)s)
+   AND lease_token IS NULL
+UNION ALL
+SELECT 'failed', count(*)
+  FROM pgqueue_task
+ WHERE state = 'failed'
+   AND finished_at < now() - make_interval(secs => %(dead_ttl)s)
+   AND lease_token IS NULL;

@@ -13,6 +13,7 @@ import json
 import logging
 import queue
 import threading
+import time
 
 from django_pgqueue.exceptions import TaskNotRegistered
 from django_pgqueue.registry import registry
@@ -72,6 +73,13 @@ class Settler:
             outcome=outcome.label,
             state=state,
             written=state is not None,
+            queue=task.queue,
+            runtime=(
+                outcome.runtime
+                if outcome.runtime is not None
+                else time.monotonic() - task.received_monotonic
+            ),
+            queue_wait=max(0.0, (task.claimed_at - task.run_at).total_seconds()),
         )
         for receiver, result in results:
             if isinstance(result, Exception):

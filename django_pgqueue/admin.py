@@ -1,0 +1,662 @@
+"""The admin: tasks, the queue overview, and the live workers.
+
+Nothing here writes a task row through a model form. Every change goes through
+``operations`` (named, state-checked SQL), so an operator can never overwrite a row a
+worker holds: retry and requeue only match pending or dead rows, cancel of a running
+task only sets ``cancel_requested``, delete only matches finished rows.
+
+Permissions are Django's model permissions, staff only (the admin site's login):
+viewing tasks, the overview and the workers needs ``view_task`` (or ``change_task``);
+retry, cancel and requeue need ``change_task``; delete needs ``delete_task``; removing
+stale worker rows needs ``delete_worker``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+from urllib.parse import urlencode
+
+from django.contrib import admin, messages
+from django.contrib.admin.models import CHANGE, DELETION, LogEntry
+from django.core.exceptions import PermissionDenied
+from django.db import transaction
+from django.db.models import QuerySet
+from django.db.models.functions import Now
+from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
+from django.shortcuts import get_object_or_404
+from django.template.response import TemplateResponse
+from django.urls import path, reverse
+from django.utils import timezone
+from django.utils.html import format_html, format_html_join
+from django.utils.safestring import mark_safe
+
+from django_pgqueue import operations
+from django_pgqueue.conf import get_settings
+from django_pgqueue.models import TERMINAL_STATES, QueueOverview, Task, TaskState, Worker
+from django_pgqueue.overview import build_overview, humanize_seconds
+from django_pgqueue.registry import registry
+
+JSON_DISPLAY_LIMIT = 100_000  # characters of a payload shown on the detail page
+EMPTY = "-"
+
+STATE_COLOURS = {
+    TaskState.PENDING: "#417690",
+    TaskState.RUNNING: "#b8860b",
+    TaskState.WAITING: "#6f42c1",
+    TaskState.SUCCEEDED: "#2e7d32",
+    TaskState.FAILED: "#ba2121",
+    TaskState.CANCELLED: "#666",
+}
+
+
+def can_view_tasks(request: HttpRequest) -> bool:
+    return request.user.has_perm("django_pgqueue.view_task") or request.user.has_perm(
+        "django_pgqueue.change_task"
+    )
+
+
+def _pretty_json(value: Any) -> str:
+    if value is None:
+        return EMPTY
+    text = json.dumps(value, indent=2, sort_keys=True, ensure_ascii=False, default=str)
+    if len(text) > JSON_DISPLAY_LIMIT:
+        text = text[:JSON_DISPLAY_LIMIT] + f"\n… ({len(text) - JSON_DISPLAY_LIMIT} more characters)"
+    return format_html('<pre class="pgqueue-json">{}</pre>', text)
+
+
+# -- list filters ---------------------------------------------------------------------
+# Their choices come from the code and the worker registry, never from a DISTINCT over
+# the task table (which would read every row of the history on each page view). A value
+# that is not among them (an unknown task name, say) still filters, from the URL.
+
+
+def _known_queues() -> set[str]:
+    queues = set(get_settings().QUEUES) | {d.queue for d in registry.all()}
+    for worker_queues in Worker.objects.values_list("queues", flat=True):
+        queues.update(worker_queues or [])
+    return queues
+
+
+def _known_task_names() -> set[str]:
+    names = {d.name for d in registry.all()}
+    for routes in Worker.objects.values_list("routes", flat=True):
+        names.update(route[0] for route in routes or [])
+    return names
+
+
+class QueueFilter(admin.SimpleListFilter):
+    title = "queue"
+    parameter_name = "queue"
+
+    def lookups(self, request, model_admin):
+        values = _known_queues() | ({self.value()} if self.value() else set())
+        return [(v, v) for v in sorted(values)]
+
+    def queryset(self, request, queryset):
+        return queryset.filter(queue=self.value()) if self.value() else queryset
+
+
+class TaskNameFilter(admin.SimpleListFilter):
+    title = "task name"
+    parameter_name = "task_name"
+
+    def lookups(self, request, model_admin):
+        values = _known_task_names() | ({self.value()} if self.value() else set())
+        return [(v, v) for v in sorted(values)]
+
+    def queryset(self, request, queryset):
+        return queryset.filter(task_name=self.value()) if self.value() else queryset
+
+
+class DueFilter(admin.SimpleListFilter):
+    title = "due"
+    parameter_name = "due"
+
+    def lookups(self, request, model_admin):
+        return [("due", "due now"), ("scheduled", "scheduled (run_at in the future)")]
+
+    def queryset(self, request, queryset):
+        if self.value() == "due":
+            return queryset.filter(run_at__lte=Now())
+        if self.value() == "scheduled":
+            return queryset.filter(run_at__gt=Now())
+        return queryset
+
+
+# -- operations shared by the list actions and the detail page's buttons --------------
+
+
+@dataclass(frozen=True)
+class Operation:
+    name: str
+    label: str
+    permission: str  # "change" or "delete"
+    applies_to: tuple[str, ...]  # the states it can change
+    run: Callable[[TaskAdmin, HttpRequest, list[int]], None]
+
+
+def _report(request: HttpRequest, done: int, asked: int, success: str, skipped_reason: str) -> None:
+    """``success`` is a template: "Retried {count} {noun}."."""
+    if done:
+        noun = "task" if done == 1 else "tasks"
+        messages.success(request, success.format(count=done, noun=noun))
+    if asked > done:
+        level = messages.WARNING if done else messages.ERROR
+        messages.add_message(request, level, f"Skipped {asked - done} of {asked}: {skipped_reason}")
+
+
+def _retry_now(model_admin: TaskAdmin, request: HttpRequest, ids: list[int]) -> None:
+    retried = operations.retry_now(ids)
+    model_admin.log(request, retried, CHANGE, "Retried now.")
+    _report(
+        request,
+        len(retried),
+        len(ids),
+        "Retried {count} {noun}.",
+        "only pending and failed tasks can be retried now (a running task belongs to its "
+        "worker: cancel it instead; a dead letter whose unique key is live again stays "
+        "dead).",
+    )
+
+
+def _cancel(model_admin: TaskAdmin, request: HttpRequest, ids: list[int]) -> None:
+    cancelled, requested = [], []
+    with transaction.atomic(using=get_settings().DATABASE):
+        for task_id in ids:
+            result = operations.cancel(task_id)
+            if result == "cancelled":
+                cancelled.append(task_id)
+            elif result == "cancel_requested":
+                requested.append(task_id)
+    model_admin.log(request, cancelled, CHANGE, "Cancelled.")
+    model_admin.log(request, requested, CHANGE, "Cancel requested (the task was running).")
+    if cancelled:
+        messages.success(request, f"Cancelled {len(cancelled)} task(s).")
+    if requested:
+        messages.success(
+            request,
+            f"Requested cancellation of {len(requested)} running task(s): their handlers "
+            "see it and stop; they end cancelled when they settle.",
+        )
+    skipped = len(ids) - len(cancelled) - len(requested)
+    if skipped:
+        messages.add_message(
+            request,
+            messages.WARNING if cancelled or requested else messages.ERROR,
+            f"Skipped {skipped} of {len(ids)}: only pending, waiting and running tasks can "
+            "be cancelled.",
+        )
+
+
+def _requeue(model_admin: TaskAdmin, request: HttpRequest, ids: list[int]) -> None:
+    requeued = operations.requeue_dead(ids)
+    model_admin.log(request, requeued, CHANGE, "Requeued from the dead letters.")
+    _report(
+        request,
+        len(requeued),
+        len(ids),
+        "Requeued {count} {noun} with a fresh attempt budget.",
+        "only dead letters (failed tasks) can be requeued, and not while a live task has "
+        "the same unique key.",
+    )
+
+
+def _delete(model_admin: TaskAdmin, request: HttpRequest, ids: list[int]) -> None:
+    doomed = list(Task.objects.filter(pk__in=ids, state__in=TERMINAL_STATES))
+    deleted = set(operations.delete_finished([t.pk for t in doomed]))
+    model_admin.log(request, [t for t in doomed if t.pk in deleted], DELETION, "")
+    _report(
+        request,
+        len(deleted),
+        len(ids),
+        "Deleted {count} {noun}.",
+        "only finished tasks (succeeded, failed, cancelled) can be deleted; cancel a live "
+        "task first.",
+    )
+
+
+OPERATIONS = {
+    op.name: op
+    for op in (
+        Operation("retry_now", "Retry now", "change", ("pending", "failed"), _retry_now),
+        Operation("cancel", "Cancel", "change", ("pending", "waiting", "running"), _cancel),
+        Operation("requeue", "Requeue (fresh attempts)", "change", ("failed",), _requeue),
+        Operation("delete", "Delete", "delete", TERMINAL_STATES, _delete),
+    )
+}
+
+DETAIL_BUTTONS = ("retry_now", "cancel", "requeue")
+
+
+def _action(op: Operation, description: str):
+    def action(model_admin: TaskAdmin, request: HttpRequest, queryset: QuerySet) -> None:
+        # Only the rows this operation can change are read: "select all" over a big
+        # history must not load a million ids to skip them.
+        eligible = list(queryset.filter(state__in=op.applies_to).values_list("pk", flat=True))
+        others = queryset.exclude(state__in=op.applies_to).count() if eligible else 0
+        if not eligible:
+            messages.error(
+                request,
+                f"Nothing to do: {op.label.lower()} applies to {', '.join(op.applies_to)} "
+                "tasks only.",
+            )
+            return
+        op.run(model_admin, request, eligible)
+        if others:
+            messages.warning(
+                request,
+                f"Left {others} selected task(s) alone: {op.label.lower()} applies to "
+                f"{', '.join(op.applies_to)} tasks only.",
+            )
+
+    action.__name__ = op.name
+    return admin.action(description=description, permissions=[op.permission])(action)
+
+
+# -- tasks ----------------------------------------------------------------------------
+
+
+@admin.register(Task)
+class TaskAdmin(admin.ModelAdmin):
+    list_display = (
+        "id",
+        "task_name",
+        "queue",
+        "state_display",
+        "attempts",
+        "priority",
+        "run_at",
+        "age",
+    )
+    list_display_links = ("id", "task_name")
+    list_filter = ("state", QueueFilter, TaskNameFilter, DueFilter)
+    search_fields = ("unique_key",)  # see get_search_results: exact id or unique key
+    search_help_text = "An exact task id (123 or #123) or unique key."
+    date_hierarchy = "enqueued_at"
+    list_per_page = 100
+    show_full_result_count = False  # one count(*) per page view is enough
+    show_facets = admin.ShowFacets.NEVER  # a count per filter choice: a scan each
+    change_list_template = "admin/django_pgqueue/task/change_list.html"
+    change_form_template = "admin/django_pgqueue/task/change_form.html"
+    actions = [
+        _action(OPERATIONS["retry_now"], "Retry now (pending or dead tasks)"),
+        _action(OPERATIONS["cancel"], "Cancel (running tasks: request cancellation)"),
+        _action(OPERATIONS["requeue"], "Requeue dead letters with a fresh attempt budget"),
+        _action(OPERATIONS["delete"], "Delete finished tasks"),
+    ]
+    fieldsets = (
+        (
+            None,
+            {
+                "fields": (
+                    "id",
+                    "task_name",
+                    "handler_version",
+                    "queue",
+                    "priority",
+                    "state_display",
+                    "unique_key",
+                    "cancel_requested",
+                )
+            },
+        ),
+        ("Payload and result", {"fields": ("args_display", "kwargs_display", "result_display")}),
+        (
+            "Attempts",
+            {"fields": ("attempts", "timeout", "retry_policy_display", "errors_display")},
+        ),
+        (
+            "Lease",
+            {"fields": ("worker_id", "lease_token", "lease_expires_display")},
+        ),
+        ("Progress", {"fields": ("checkpoint_display", "progress_display")}),
+        (
+            "Times",
+            {
+                "fields": (
+                    "enqueued_at",
+                    "run_at",
+                    "started_at",
+                    "last_attempted_at",
+                    "finished_at",
+                    "age",
+                )
+            },
+        ),
+        ("Metadata", {"fields": ("metadata_display",), "classes": ("collapse",)}),
+    )
+
+    # A task is never edited through a form: see the module docstring.
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Task | None = None) -> bool:
+        # The detail page is read-only for everyone; the change permission (obj=None)
+        # is what the state-checked actions and buttons require.
+        return obj is None and super().has_change_permission(request)
+
+    def has_delete_permission(self, request: HttpRequest, obj: Task | None = None) -> bool:
+        if obj is not None and not obj.is_terminal:
+            return False
+        return super().has_delete_permission(request, obj)
+
+    def delete_model(self, request: HttpRequest, obj: Task) -> None:
+        # State-checked at the moment of deleting, not when the page was drawn.
+        if not operations.delete_finished([obj.pk]):
+            raise PermissionDenied("only finished tasks can be deleted")
+
+    def get_actions(self, request: HttpRequest) -> dict:
+        actions = super().get_actions(request)
+        actions.pop("delete_selected", None)  # replaced by the state-checked delete
+        return actions
+
+    def get_readonly_fields(self, request: HttpRequest, obj: Task | None = None):
+        return [f for fieldset in self.fieldsets for f in fieldset[1]["fields"]]
+
+    def get_search_results(self, request: HttpRequest, queryset: QuerySet, search_term: str):
+        term = search_term.strip()
+        if not term:
+            return queryset, False
+        # Exact matches only: the id through the primary key; the unique key as given.
+        # A finished task's unique key is in no index, so that lookup reads the table:
+        # it runs once, here, and the page's own queries then go by primary key.
+        ids = list(Task.objects.filter(unique_key=term).values_list("pk", flat=True)[:1000])
+        number = term.removeprefix("#")
+        if number.isdigit():
+            ids.append(int(number))
+        return queryset.filter(pk__in=ids), False
+
+    # -- columns and fields -----------------------------------------------------------
+    @admin.display(description="state", ordering="state")
+    def state_display(self, obj: Task) -> str:
+        label = obj.state
+        if obj.state == TaskState.PENDING and obj.run_at and obj.run_at > timezone.now():
+            label = "scheduled"
+        if obj.cancel_requested and obj.state == TaskState.RUNNING:
+            label = "running (cancel requested)"
+        return format_html(
+            '<span class="pgqueue-state pgqueue-state-{}" style="color:{};font-weight:bold">'
+            "{}</span>",
+            obj.state,
+            STATE_COLOURS.get(obj.state, "inherit"),
+            label,
+        )
+
+    @admin.display(description="attempts")
+    def attempts(self, obj: Task) -> str:
+        return f"{obj.attempt}/{obj.max_attempts}"
+
+    @admin.display(description="age", ordering="-enqueued_at")
+    def age(self, obj: Task) -> str:
+        if obj.enqueued_at is None:
+            return EMPTY
+        return humanize_seconds((timezone.now() - obj.enqueued_at).total_seconds())
+
+    @admin.display(description="args")
+    def args_display(self, obj: Task) -> str:
+        return _pretty_json(obj.args)
+
+    @admin.display(description="kwargs")
+    def kwargs_display(self, obj: Task) -> str:
+        return _pretty_json(obj.kwargs)
+
+    @admin.display(description="result")
+    def result_display(self, obj: Task) -> str:
+        return _pretty_json(obj.result)
+
+    @admin.display(description="retry policy")
+    def retry_policy_display(self, obj: Task) -> str:
+        return _pretty_json(obj.retry_policy)
+
+    @admin.display(description="checkpoint")
+    def checkpoint_display(self, obj: Task) -> str:
+        return _pretty_json(obj.checkpoint)
+
+    @admin.display(description="progress")
+    def progress_display(self, obj: Task) -> str:
+        return _pretty_json(obj.progress)
+
+    @admin.display(description="metadata")
+    def metadata_display(self, obj: Task) -> str:
+        return _pretty_json(obj.metadata)
+
+    @admin.display(description="lease expires")
+    def lease_expires_display(self, obj: Task) -> str:
+        if obj.lease_expires_at is None:
+            return EMPTY
+        left = (obj.lease_expires_at - timezone.now()).total_seconds()
+        note = (
+            f"in {humanize_seconds(left)}"
+            if left >= 0
+            else f"expired {humanize_seconds(-left)} ago"
+        )
+        return format_html("{} ({})", obj.lease_expires_at.isoformat(timespec="seconds"), note)
+
+    @admin.display(description="errors (every attempt)")
+    def errors_display(self, obj: Task) -> str:
+        if not obj.errors:
+            return EMPTY
+        items = []
+        for error in obj.errors:
+            traceback = error.get("traceback")
+            details = (
+                format_html(
+                    '<details open><summary>Traceback</summary><pre class="pgqueue-traceback">'
+                    "{}</pre></details>",
+                    traceback,
+                )
+                if traceback
+                else ""
+            )
+            items.append(
+                (
+                    error.get("attempt", "?"),
+                    error.get("type", "error"),
+                    error.get("outcome") or "failure",
+                    error.get("at") or "",
+                    error.get("worker_id") or "",
+                    error.get("message", ""),
+                    details,
+                )
+            )
+        return format_html(
+            '<ol class="pgqueue-errors">{}</ol>',
+            format_html_join(
+                "",
+                '<li class="pgqueue-error"><strong>Attempt {}: {}</strong> ({}) '
+                '<span class="quiet">{} {}</span><pre class="pgqueue-message">{}</pre>{}</li>',
+                items,
+            ),
+        )
+
+    # -- the detail page's operation buttons (its Delete is Django's, with a
+    # confirmation page, through delete_model) ----------------------------------------
+    def get_urls(self):
+        urls = super().get_urls()
+        operate = path(
+            "<path:object_id>/operate/<str:operation>/",
+            self.admin_site.admin_view(self.operate_view),
+            name="django_pgqueue_task_operate",
+        )
+        return [operate, *urls]
+
+    def operate_view(self, request: HttpRequest, object_id: str, operation: str) -> HttpResponse:
+        op = OPERATIONS.get(operation)
+        if op is None or op.name not in DETAIL_BUTTONS or request.method != "POST":
+            raise PermissionDenied("unknown operation, or not a POST")
+        if not self.has_change_permission(request):
+            raise PermissionDenied(f"{op.label}: permission denied")
+        task = get_object_or_404(Task, pk=object_id)
+        op.run(self, request, [task.pk])
+        return HttpResponseRedirect(reverse("admin:django_pgqueue_task_change", args=[task.pk]))
+
+    def change_view(self, request, object_id, form_url="", extra_context=None):
+        task = self.get_object(request, object_id)
+        buttons = []
+        if task is not None and self.has_change_permission(request):
+            for name in DETAIL_BUTTONS:
+                op = OPERATIONS[name]
+                if task.state in op.applies_to:
+                    url = reverse("admin:django_pgqueue_task_operate", args=[task.pk, name])
+                    buttons.append({"label": op.label, "url": url, "name": name})
+        context = {**(extra_context or {}), "pgqueue_operations": buttons}
+        return super().change_view(request, object_id, form_url, context)
+
+    def changelist_view(self, request, extra_context=None):
+        overview_url = reverse("admin:django_pgqueue_queueoverview_changelist")
+        context = {**(extra_context or {}), "pgqueue_overview_url": overview_url}
+        return super().changelist_view(request, context)
+
+    # -- audit trail ------------------------------------------------------------------
+    def log(self, request: HttpRequest, tasks: list, flag: int, message: str) -> None:
+        """One admin LogEntry per task changed (ids or Task objects)."""
+        if not tasks:
+            return
+        objects = tasks if isinstance(tasks[0], Task) else list(Task.objects.filter(pk__in=tasks))
+        LogEntry.objects.log_actions(request.user.pk, objects, flag, message)
+
+
+# -- the queue overview ---------------------------------------------------------------
+
+
+@admin.register(QueueOverview)
+class QueueOverviewAdmin(admin.ModelAdmin):
+    """Not a list of rows: the model only puts "Queue overview" on the admin index."""
+
+    def has_view_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return can_view_tasks(request)
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def changelist_view(self, request: HttpRequest, extra_context=None) -> HttpResponse:
+        if not self.has_view_permission(request):
+            raise PermissionDenied
+        refresh = request.GET.get("refresh", "")
+        overview = build_overview()
+        tasks_url = reverse("admin:django_pgqueue_task_changelist")
+        for queue in overview["queues"]:
+            for row in queue.rows:
+                base = {"queue": queue.name, "task_name": row["task_name"]}
+                row["links"] = {
+                    name: f"{tasks_url}?{urlencode({**base, **filters})}"
+                    for name, filters in {
+                        "all": {},
+                        "due": {"state__exact": "pending", "due": "due"},
+                        "scheduled": {"state__exact": "pending", "due": "scheduled"},
+                        "running": {"state__exact": "running"},
+                        "waiting": {"state__exact": "waiting"},
+                        "failed": {"state__exact": "failed"},
+                    }.items()
+                }
+        context = {
+            **self.admin_site.each_context(request),
+            **overview,
+            "title": "Queue overview",
+            "opts": self.model._meta,
+            "refresh": int(refresh) if refresh.isdigit() and int(refresh) >= 2 else None,
+            "tasks_url": tasks_url,
+            "workers_url": reverse("admin:django_pgqueue_worker_changelist"),
+            **(extra_context or {}),
+        }
+        return TemplateResponse(request, "admin/django_pgqueue/overview.html", context)
+
+
+# -- workers --------------------------------------------------------------------------
+
+
+@admin.register(Worker)
+class WorkerAdmin(admin.ModelAdmin):
+    list_display = (
+        "id",
+        "status",
+        "hostname",
+        "pid",
+        "queues_display",
+        "routes_display",
+        "concurrency",
+        "in_flight",
+        "last_heartbeat_at",
+        "started_at",
+    )
+    list_display_links = None
+    ordering = ("hostname", "pid")
+    change_list_template = "admin/django_pgqueue/worker/change_list.html"
+    actions = ["remove_stale"]
+
+    def has_view_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return can_view_tasks(request) or super().has_view_permission(request, obj)
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False  # a worker writes its own row
+
+    def get_actions(self, request: HttpRequest) -> dict:
+        actions = super().get_actions(request)
+        actions.pop("delete_selected", None)  # a live worker would only register again
+        return actions
+
+    def _stale_after(self) -> timedelta:
+        return timedelta(seconds=get_settings().WORKER_STALE_AFTER)
+
+    @admin.display(description="status")
+    def status(self, obj: Worker) -> str:
+        silent = (timezone.now() - obj.last_heartbeat_at).total_seconds()
+        if silent > self._stale_after().total_seconds():
+            return format_html(
+                '<span class="pgqueue-stale" style="color:#ba2121;font-weight:bold">'
+                "stale</span> (no heartbeat for {})",
+                humanize_seconds(silent),
+            )
+        return mark_safe('<span class="pgqueue-live" style="color:#2e7d32">live</span>')
+
+    @admin.display(description="queues")
+    def queues_display(self, obj: Worker) -> str:
+        return ", ".join(obj.queues or [])
+
+    @admin.display(description="tasks (versions)")
+    def routes_display(self, obj: Worker) -> str:
+        return format_html_join(
+            ", ", "<code>{}@{}</code>", ((name, version) for name, version in obj.routes or [])
+        )
+
+    @admin.action(description="Remove selected workers that are stale", permissions=["delete"])
+    def remove_stale(self, request: HttpRequest, queryset: QuerySet) -> None:
+        # The database's clock decides what is stale; a live worker's row is left alone.
+        stale = queryset.filter(last_heartbeat_at__lt=Now() - self._stale_after())
+        removed, _ = stale.delete()
+        if removed:
+            messages.success(request, f"Removed {removed} stale worker row(s).")
+        if queryset.count():
+            messages.warning(
+                request, f"Left {queryset.count()} live worker(s) alone: they are heartbeating."
+            )
+
+    def changelist_view(self, request: HttpRequest, extra_context=None) -> HttpResponse:
+        stale_before = timezone.now() - self._stale_after()
+        workers = list(Worker.objects.all())
+        live = [w for w in workers if w.last_heartbeat_at >= stale_before]
+        context = {
+            **(extra_context or {}),
+            "pgqueue_summary": {
+                "live": len(live),
+                "stale": len(workers) - len(live),
+                "slots": sum(w.concurrency for w in live),
+                "in_flight": sum(w.in_flight for w in live),
+                "stale_after": humanize_seconds(self._stale_after().total_seconds()),
+            },
+            "pgqueue_overview_url": reverse("admin:django_pgqueue_queueoverview_changelist"),
+        }
+        return super().changelist_view(request, context)

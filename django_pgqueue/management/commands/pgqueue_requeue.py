@@ -1,0 +1,69 @@
+"""``manage.py pgqueue_requeue``: put dead letters back to pending, with fresh attempts."""
+
+from __future__ import annotations
+
+import re
+from datetime import datetime, timedelta
+
+from django.core.management.base import BaseCommand, CommandError
+from django.utils import timezone
+from django.utils.dateparse import parse_datetime
+
+from django_pgqueue import operations
+
+RELATIVE = re.compile(r"^(\d+(?:\.\d+)?)([smhd])$")
+UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days"}
+
+
+def parse_since(value: str) -> datetime:
+    """``30m``, ``2h``, ``1d`` (that long ago) or an ISO 8601 date-time."""
+    match = RELATIVE.match(value.strip())
+    if match:
+        amount, unit = match.groups()
+        return timezone.now() - timedelta(**{UNITS[unit]: float(amount)})
+    parsed = parse_datetime(value.strip())
+    if parsed is None:
+        raise CommandError(
+            f"--since {value!r}: use a duration such as 30m, 2h, 1d, or an ISO date-time "
+            "such as 2026-05-01T12:00"
+        )
+    return parsed if timezone.is_aware(parsed) else timezone.make_aware(parsed)
+
+
+class Command(BaseCommand):
+    help = (
+        "Requeue dead letters (failed tasks): back to pending, due now, with a fresh "
+        "attempt budget. Filters combine; pass --all to requeue every dead letter."
+    )
+
+    def add_arguments(self, parser):
+        parser.add_argument("--task", dest="task_name", help="only this task name")
+        parser.add_argument("--queue", help="only this queue")
+        parser.add_argument(
+            "--since", help="only tasks that died since: 30m, 2h, 1d, or an ISO date-time"
+        )
+        parser.add_argument(
+            "--id", dest="ids", type=int, action="append", help="only this task id (repeatable)"
+        )
+        parser.add_argument("--all", action="store_true", help="every dead letter")
+        parser.add_argument(
+            "--dry-run", action="store_true", help="list what would be requeued, change nothing"
+        )
+
+    def handle(self, *args, **opts):
+        filters = [opts["task_name"], opts["queue"], opts["since"], opts["ids"]]
+        if not opts["all"] and not any(f is not None for f in filters):
+            raise CommandError(
+                "say which dead letters to requeue: --task, --queue, --since, --id, or --all"
+            )
+        since = parse_since(opts["since"]) if opts["since"] else None
+        ids = operations.requeue_dead(
+            opts["ids"],
+            task_name=opts["task_name"],
+            queue=opts["queue"],
+            since=since,
+            dry_run=opts["dry_run"],
+        )
+        shown = ", ".join(str(i) for i in ids[:20]) + (" ..." if len(ids) > 20 else "")
+        verb = "would requeue" if opts["dry_run"] else "requeued"
+        self.stdout.write(f"{verb} {len(ids)} dead letter(s)" + (f": {shown}" if ids else ""))

@@ -1,0 +1,222 @@
+"""Prometheus metrics: the queue gauges (web process) and a worker's own /metrics."""
+
+import re
+import socket
+import urllib.request
+import uuid
+from datetime import timedelta
+
+import pytest
+from django.db import connection
+from django.test import RequestFactory
+from django.test.utils import CaptureQueriesContext
+from django.utils import timezone
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+from django_pgqueue.metrics import QueueCollector, WorkerMetrics
+from django_pgqueue.models import Task, Worker
+from tests import tasks
+from tests.conftest import REPO, wait_until
+from tests.factories import TaskFactory
+
+
+def samples(text: str) -> dict[tuple, float]:
+    """{(name, (label, value), ...): value} for every sample of an exposition."""
+    return {
+        (s.name, *sorted(s.labels.items())): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
+
+
+def scrape_collector(collector: QueueCollector) -> dict[tuple, float]:
+    registry = CollectorRegistry()
+    registry.register(collector)
+    return samples(generate_latest(registry).decode())
+
+
+def ago(**kwargs):
+    return timezone.now() - timedelta(**kwargs)
+
+
+def seed_queue() -> None:
+    Worker.objects.create(
+        id="w1",
+        hostname="h",
+        pid=1,
+        concurrency=6,
+        queues=["default", "emails"],
+        routes=[["tests.tasks.noop", 1]],
+    )
+    TaskFactory.create_batch(3, run_at=ago(minutes=2))
+    TaskFactory(task_name="billing.charge", run_at=ago(seconds=30))
+    TaskFactory(run_at=timezone.now() + timedelta(hours=1))
+    TaskFactory(state="running", attempt=1, lease_token=uuid.uuid4(), lease_expires_at=ago())
+    TaskFactory.create_batch(2, state="failed", queue="emails", finished_at=ago(hours=1))
+
+
+NOOP = (("queue", "default"), ("task_name", "tests.tasks.noop"))
+
+
+@pytest.mark.django_db
+def test_the_queue_collector_exposes_tasks_by_state_queue_and_task_name():
+    seed_queue()
+
+    values = scrape_collector(QueueCollector(ttl=0))
+
+    assert values[("pgqueue_tasks_pending", *NOOP)] == 3
+    assert values[("pgqueue_tasks_unroutable", *NOOP)] == 0
+    assert values[("pgqueue_tasks_scheduled", *NOOP)] == 1
+    assert values[("pgqueue_tasks_running", *NOOP)] == 1
+    billing = (("queue", "default"), ("task_name", "billing.charge"))
+    assert values[("pgqueue_tasks_pending", *billing)] == 1
+    assert values[("pgqueue_tasks_unroutable", *billing)] == 1
+    emails = (("queue", "emails"), ("task_name", "tests.tasks.noop"))
+    assert values[("pgqueue_tasks_failed", *emails)] == 2
+    assert values[("pgqueue_queue_metrics_up",)] == 1
+
+
+@pytest.mark.django_db
+def test_the_queue_collector_exposes_oldest_due_age_and_slots_by_queue():
+    seed_queue()
+
+    values = scrape_collector(QueueCollector(ttl=0))
+
+    assert 110 <= values[("pgqueue_queue_oldest_due_seconds", ("queue", "default"))] < 180
+    assert values[("pgqueue_queue_oldest_due_seconds", ("queue", "emails"))] == 0
+    assert values[("pgqueue_queue_slots", ("queue", "default"))] == 6
+    assert values[("pgqueue_queue_workers", ("queue", "emails"))] == 1
+
+
+@pytest.mark.django_db
+def test_a_scrape_within_the_cache_window_does_not_read_the_database():
+    seed_queue()
+    registry = CollectorRegistry()
+    registry.register(QueueCollector(ttl=60))
+    generate_latest(registry)
+    TaskFactory.create_batch(5, run_at=ago(minutes=1))
+
+    with CaptureQueriesContext(connection) as queries:
+        values = samples(generate_latest(registry).decode())
+
+    assert len(queries) == 0
+    assert values[("pgqueue_tasks_pending", *NOOP)] == 3  # the cached read
+
+
+@pytest.mark.django_db
+def test_a_failed_read_reports_down_instead_of_failing_the_scrape(settings):
+    settings.PGQUEUE = {**settings.PGQUEUE, "DATABASE": "no-such-alias"}
+
+    values = scrape_collector(QueueCollector(ttl=0))
+
+    assert values == {("pgqueue_queue_metrics_up",): 0}
+
+
+@pytest.mark.django_db
+def test_the_web_process_serves_the_queue_gauges_through_django_prometheus(settings):
+    from django_prometheus.exports import ExportToDjangoView
+
+    settings.PGQUEUE = {**settings.PGQUEUE, "METRICS_CACHE_SECONDS": 0}
+    seed_queue()
+
+    response = ExportToDjangoView(RequestFactory().get("/metrics"))
+
+    values = samples(response.content.decode())
+    assert values[("pgqueue_tasks_pending", *NOOP)] == 3
+    assert values[("pgqueue_queue_metrics_up",)] == 1
+
+
+def metric_names() -> set[str]:
+    registry = CollectorRegistry()
+    WorkerMetrics(registry)
+    names = {family.name for family in registry.collect()}
+    return names | {family.name for family in QueueCollector().describe()}
+
+
+def test_every_metric_is_in_the_metrics_reference():
+    reference = (REPO / "docs" / "metrics.md").read_text()
+
+    missing = sorted(n for n in metric_names() if f"`{n}" not in reference)
+
+    assert not missing, f"not documented in docs/metrics.md: {missing}"
+
+
+def test_the_alert_rules_use_only_metrics_that_exist():
+    text = (REPO / "docs" / "prometheus-alerts.yml").read_text()
+    rules = "\n".join(line for line in text.splitlines() if not line.lstrip().startswith("#"))
+    exposed = {f"{name}{suffix}" for name in metric_names() for suffix in ("", "_total", "_bucket")}
+
+    used = set(re.findall(r"\bpgqueue_[a-z_]+", rules))
+
+    assert used and used <= exposed, sorted(used - exposed)
+
+
+# -- a worker's own /metrics ----------------------------------------------------------
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def scrape(port: int) -> dict[tuple, float]:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
+        return samples(response.read().decode())
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_worker_serves_outcomes_histograms_slots_and_lease_renewals(start_worker):
+    port = free_port()
+    ok = tasks.noop.enqueue_many(range(4))
+    broken = tasks.fail_always.enqueue()
+    slow = tasks.sleep_and_record.enqueue(0.6)
+    start_worker("--metrics-port", str(port), "--concurrency", "3", "--heartbeat", "0.1")
+
+    wait_until(
+        lambda: (
+            Task.objects.filter(pk__in=[*ok, broken, slow])
+            .exclude(state__in=["pending", "running"])
+            .count()
+            == 6
+        ),
+        message="every task to finish",
+    )
+    values = wait_until(
+        lambda: (
+            (v := scrape(port)).get(("pgqueue_task_outcomes_total", ("outcome", "success"))) == 5
+            and v
+        ),
+        message="the settled outcomes to be counted",
+    )
+
+    assert values[("pgqueue_task_outcomes_total", ("outcome", "failure"))] == 3
+    assert values[("pgqueue_tasks_claimed_total",)] == 8
+    assert values[("pgqueue_worker_slots",)] == 3
+    assert values[("pgqueue_lease_renewals_total",)] >= 1
+    noop = (("queue", "default"), ("task_name", "tests.tasks.noop"))
+    assert values[("pgqueue_task_runtime_seconds_count", *noop)] == 4
+    assert values[("pgqueue_task_queue_wait_seconds_count", *noop)] == 4
+    slow_labels = (("queue", "default"), ("task_name", "tests.tasks.sleep_and_record"))
+    assert values[("pgqueue_task_runtime_seconds_sum", *slow_labels)] >= 0.6
+    assert not any(key[0].startswith("pgqueue_tasks_pending") for key in values)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_worker_counts_a_lease_it_lost(start_worker, pg):
+    port = free_port()
+    task_id = tasks.sleep_and_record.enqueue(1.5)
+    start_worker("--metrics-port", str(port), "--heartbeat", "0.1")
+    wait_until(lambda: Task.objects.filter(pk=task_id, state="running").exists())
+
+    # Another party takes the task over (as the lease sweep and a new claim would).
+    pg.execute("UPDATE pgqueue_task SET lease_token = gen_random_uuid() WHERE id = %s", [task_id])
+
+    values = wait_until(
+        lambda: (
+            (v := scrape(port)).get(("pgqueue_task_outcomes_total", ("outcome", "lost"))) == 1 and v
+        ),
+        message="the lost outcome to be counted",
+    )
+    assert values[("pgqueue_leases_lost_total",)] >= 1
