@@ -14,6 +14,7 @@ import logging
 import queue
 import threading
 import time
+from collections import Counter
 
 from django_pgqueue.exceptions import TaskNotRegistered
 from django_pgqueue.registry import registry
@@ -120,10 +121,11 @@ class Settler:
             lambda conn: conn.execute(QUERIES["settle"], {"outcomes": payload}).fetchall()
         )
         written = {row[0]: row[1] for row in rows}
+        counts: Counter[str] = Counter()
         for outcome in batch:
             task = outcome.task
             if task.id in written:
-                self._stats.incr(outcome.label)
+                counts[outcome.label] += 1
                 if outcome.label != SUCCESS:
                     logger.info(
                         "task %s (%s) attempt %s: %s -> %s",
@@ -134,7 +136,7 @@ class Settler:
                         written[task.id],
                     )
             else:
-                self._stats.incr(LOST)
+                counts[LOST] += 1
                 logger.warning(
                     "task %s (%s) attempt %s: lease lost before settlement; the %s outcome "
                     "was not written (another worker or the lease sweep owns the task now)",
@@ -145,3 +147,5 @@ class Settler:
                 )
             self._announce(outcome, written.get(task.id))
         self._inflight.remove([o.task.id for o in batch])
+        for label, count in counts.items():
+            self._stats.incr(label, count)
