@@ -1,8 +1,9 @@
 """The claimer: takes as many due rows as there are free slots, in one statement.
 
-It loops while claims come back full; otherwise it parks until a wake-up (LISTEN), the
-next due time of a scheduled task, or the jittered poll interval, whichever is first.
-Polling is the correctness floor; wake-ups and next-due only make it fast.
+It loops while claims come back full; otherwise it parks until a wake-up (a
+notification on its own connection, see listener.py), the next due time of a scheduled
+task, or the jittered poll interval, whichever is first. Polling is the correctness
+floor; wake-ups and next-due only make it fast.
 """
 
 from __future__ import annotations
@@ -11,9 +12,12 @@ import logging
 import random
 import threading
 
+import psycopg
+
 from django_pgqueue.worker.connection import Session
 from django_pgqueue.worker.execution import ClaimedTask
 from django_pgqueue.worker.inflight import InFlight
+from django_pgqueue.worker.listener import Listener
 from django_pgqueue.worker.slots import SlotPool
 from django_pgqueue.worker.stats import WorkerStats
 
@@ -47,9 +51,11 @@ class Claimer:
         self.poll_interval = poll_interval
         self.starvation_timeout = starvation_timeout
         self._stop = threading.Event()
-        self._wake = threading.Event()
+        self.listener = Listener(queues)
         # Claims commit asynchronously: see connection.connect().
-        self.session = Session(alias, self.name, self._stop, durable=False)
+        self.session = Session(
+            alias, self.name, self._stop, durable=False, on_connect=self.listener.attach
+        )
         self._thread = threading.Thread(target=self._run, name="pgqueue-claimer", daemon=True)
         self._rotation = 0
         # Set while parked with nothing claimable (burst mode exits on it).
@@ -59,14 +65,14 @@ class Claimer:
         self._thread.start()
 
     def wake(self) -> None:
-        self.idle.clear()
-        self._wake.set()
+        self.listener.wake()
 
     def stop(self) -> None:
         self._stop.set()
-        self._wake.set()
+        self.listener.wake()
         self._thread.join(10)
         self.session.close()
+        self.listener.close()
 
     def _run(self) -> None:
         linger_for = max(1, self.slots.size // 2)
@@ -75,7 +81,8 @@ class Claimer:
             if self._stop.is_set():
                 break
             # Clear before claiming: a wake-up that arrives during the claim is kept.
-            self._wake.clear()
+            self.listener.clear()
+            settled_before = not self.inflight
             try:
                 claimed, saturated = self._claim_round(free)
             except Exception:
@@ -89,10 +96,23 @@ class Claimer:
                 continue
             if claimed:
                 self.idle.clear()
-            timeout = self._park_timeout()
-            if not claimed and not self.inflight:
+            try:
+                timeout = self._park_timeout()
+            except Exception:
+                if self._stop.is_set():
+                    break
+                logger.exception("claimer: next-due lookup failed")
+                timeout = self.poll_interval
+            # Idle means: a claim that started after every outcome was written (so it
+            # saw every task those outcomes made due again) found nothing.
+            if not claimed and settled_before and not self.inflight:
                 self.idle.set()
-            self._wake.wait(timeout)
+            else:
+                self.idle.clear()
+            try:
+                self.listener.wait(self.session._conn, timeout)
+            except psycopg.Error:
+                self.session.close()  # the next claim reconnects (and LISTENs again)
 
     def _claim_round(self, free: int) -> tuple[int, bool]:
         """One claim per queue (rotating which goes first) until the slots are full."""

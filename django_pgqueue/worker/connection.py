@@ -93,18 +93,29 @@ class Session:
     where a failed statement must be reported rather than repeated.
     """
 
-    def __init__(self, alias: str, name: str, stop: threading.Event, durable: bool = True) -> None:
+    def __init__(
+        self,
+        alias: str,
+        name: str,
+        stop: threading.Event,
+        durable: bool = True,
+        on_connect: Callable[[psycopg.Connection], None] | None = None,
+    ) -> None:
         self.alias = alias
         self.durable = durable
         self.name = name
         self.stop = stop
+        self.on_connect = on_connect
         self._conn: psycopg.Connection | None = None
         self._backoff = Backoff()
 
     @property
     def connection(self) -> psycopg.Connection:
         if self._conn is None or self._conn.closed:
-            self._conn = connect(self.alias, self.durable)
+            conn = connect(self.alias, self.durable)
+            if self.on_connect is not None:
+                self.on_connect(conn)
+            self._conn = conn
         return self._conn
 
     def close(self) -> None:

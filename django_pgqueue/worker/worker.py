@@ -21,7 +21,6 @@ from django_pgqueue.worker.connection import Session
 from django_pgqueue.worker.execution import AsyncRunner, ClaimedTask, Outcome, execute, released
 from django_pgqueue.worker.heartbeat import Heartbeat
 from django_pgqueue.worker.inflight import InFlight
-from django_pgqueue.worker.listener import Listener
 from django_pgqueue.worker.pruner import Pruner
 from django_pgqueue.worker.settler import Settler
 from django_pgqueue.worker.slots import SlotPool
@@ -111,7 +110,6 @@ class Worker:
             poll_interval=options.poll_interval,
             starvation_timeout=options.starvation_timeout,
         )
-        self.listener = Listener(self.alias, options.queues, self.claimer.wake)
         self.heartbeat = Heartbeat(
             self.alias,
             options.heartbeat_seconds,
@@ -187,7 +185,6 @@ class Worker:
             self.slots,
             self.heartbeat,
             self.sweeper,
-            self.listener,
             self.claimer,
         ]
         if self.pruner is not None:
@@ -195,7 +192,13 @@ class Worker:
         return parts
 
     def _burst_done(self) -> bool:
-        return self.claimer.idle.is_set() and not self.inflight
+        if self.inflight:
+            return False
+        if self.claimer.idle.is_set():
+            return True
+        # Everything is settled but the last claim began before that: claim once more.
+        self.claimer.wake()
+        return False
 
     def stop(self) -> None:
         self._stop_requested.set()
@@ -232,7 +235,6 @@ class Worker:
         """Stop claiming at once, let handlers finish within the grace period, then
         release what is still running (fenced; the attempt is not refunded)."""
         self.claimer.stop()
-        self.listener.stop()
         deadline = time.monotonic() + self.options.shutdown_grace
         while time.monotonic() < deadline and self.inflight.running():
             time.sleep(0.02)
