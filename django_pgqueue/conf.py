@@ -54,6 +54,10 @@ DEFAULTS: dict[str, Any] = {
     "PRUNE_INTERVAL": 60.0,
     "PRUNE_BATCH": 1000,
     "WORKER_STALE_AFTER": 60.0,
+    # The worker vacuums the task table itself once this many dead tuples pile up
+    # (checked every VACUUM_INTERVAL seconds; None disables it and leaves autovacuum).
+    "VACUUM_INTERVAL": 5.0,
+    "VACUUM_THRESHOLD": 20000,
     # A pending task that no live worker can run (unknown name or version) is failed
     # with an explanation after waiting this long; None keeps it pending forever.
     "UNROUTABLE_TTL": 24 * 3600.0,
@@ -90,6 +94,8 @@ class PgQueueSettings:
     PRUNE_INTERVAL: float
     PRUNE_BATCH: int
     WORKER_STALE_AFTER: float
+    VACUUM_INTERVAL: float | None
+    VACUUM_THRESHOLD: int
     UNROUTABLE_TTL: float | None
 
 

@@ -71,3 +71,13 @@ def test_prune_uses_the_retention_index(backlog):
 
     assert "pgqueue_task_retention" in text, text
     assert "Seq Scan on pgqueue_task" not in text, text
+
+
+def test_worker_connections_cannot_plan_a_sort_or_bitmap_scan_of_the_backlog(pg):
+    # Stale statistics once made the planner sort the whole backlog for every claim
+    # (0.8 s a claim); the worker's sessions rule those plan shapes out.
+    settings = dict(pg.execute(
+        "SELECT name, setting FROM pg_settings WHERE name IN ('enable_sort', 'enable_bitmapscan')"
+    ).fetchall())
+
+    assert settings == {"enable_sort": "off", "enable_bitmapscan": "off"}

@@ -245,3 +245,33 @@ def test_tasks_nobody_can_run_are_failed_with_an_explanation_after_the_ttl(pg):
     assert "has registered task 'os.system' version 1" in stored["errors"][0]["message"]
     assert row(pg, served.id)["state"] == "pending"
     assert row(pg, recent_unknown.id)["state"] == "pending"
+
+
+def test_the_vacuumer_vacuums_the_task_table_once_dead_tuples_pile_up(pg):
+    from django_pgqueue.worker.vacuumer import Vacuumer
+    from tests.conftest import wait_until
+
+    pg.execute("INSERT INTO pgqueue_task (task_name) SELECT 'x' FROM generate_series(1, 3000)")
+    pg.execute("UPDATE pgqueue_task SET priority = 1")  # 3,000 dead tuples
+
+    def stats():
+        return pg.execute(
+            "SELECT n_dead_tup, vacuum_count FROM pg_stat_user_tables"
+            " WHERE relname = 'pgqueue_task'"
+        ).fetchone()
+
+    wait_until(lambda: stats()[0] >= 3000, message="the statistics to count the dead tuples")
+    before = stats()[1]
+    quiet, busy = (
+        Vacuumer("default", 5, 10_000, WorkerStats()),
+        Vacuumer("default", 5, 1000, WorkerStats()),
+    )
+
+    quiet.tick()
+    busy.tick()
+    quiet.session.close()
+    busy.session.close()
+
+    assert quiet.stats.get("vacuums") == 0
+    assert busy.stats.get("vacuums") == 1
+    wait_until(lambda: stats()[1] == before + 1, message="the vacuum to be recorded")

@@ -387,6 +387,41 @@ UPDATE pgqueue_task AS t
 RETURNING t.id, t.task_name;
 
 
+-- name: vacuum_due
+-- Should the vacuumer run? Dead tuples in the task table (fleet-wide, from PostgreSQL's
+-- statistics) past the threshold, and this session got the fleet-wide advisory lock
+-- (released by vacuum_done), so only one worker vacuums at a time. The lock is taken
+-- only when the threshold is met (CASE evaluates it last).
+SELECT CASE WHEN COALESCE(s.n_dead_tup, 0) >= %(threshold)s
+            THEN pg_try_advisory_lock(hashtext('django_pgqueue.vacuum'))
+            ELSE false END,
+       COALESCE(s.n_dead_tup, 0)
+  FROM pg_class AS c
+  LEFT JOIN pg_stat_user_tables AS s ON s.relid = c.oid
+ WHERE c.oid = 'pgqueue_task'::regclass;
+
+
+-- name: vacuum_task_table
+-- Claims leave a dead entry at the head of pgqueue_task_claim for every task; the next
+-- claims walk over them until a VACUUM removes them, so without one the claim slows
+-- down as a busy queue drains. Autovacuum wakes at most once a minute per database and
+-- then vacuums in one long pass; this runs as soon as enough dead tuples pile up.
+-- SKIP_LOCKED: if autovacuum (or anyone) is vacuuming the table, do nothing. ANALYZE
+-- keeps the statistics of a table whose size swings by millions of rows current.
+VACUUM (ANALYZE, SKIP_LOCKED) pgqueue_task;
+
+
+-- name: vacuum_done
+SELECT pg_advisory_unlock(hashtext('django_pgqueue.vacuum'));
+
+
+-- name: owns_task_table
+-- VACUUM needs the table's owner (the role that ran the migrations).
+SELECT pg_has_role(current_user, c.relowner, 'USAGE')
+  FROM pg_class AS c
+ WHERE c.oid = 'pgqueue_task'::regclass;
+
+
 -- name: cancel_task
 -- Cancel: a pending or waiting task ends cancelled at once; a running one gets
 -- cancel_requested, which its handler sees (context.cancel_requested) and its

@@ -38,13 +38,19 @@ def connection_params(alias: str) -> dict[str, Any]:
     params.pop("pool", None)
     prepared = get_settings().PREPARED_STATEMENTS
     params["prepare_threshold"] = 0 if prepared else None
+    # Every statement of the worker is written to walk an index in order (the claim's
+    # top-N, the sweep, next-due, the prune), whatever the table's statistics say. With
+    # stale statistics (a bulk enqueue into a table last analyzed when it was empty) the
+    # planner once chose a bitmap scan and a sort of the whole backlog for the claim:
+    # 0.8 s per claim instead of 0.3 ms. Disabling those two plan shapes on the worker's
+    # own connections keeps the plans index-ordered; the EXPLAIN tests pin them.
+    options = ["-c enable_sort=off", "-c enable_bitmapscan=off"]
     if prepared:
-        # The hot-path statements are written to be index-driven whatever the
-        # parameters; PostgreSQL would otherwise re-plan the claim on every execution
-        # (its custom plans look cheaper than the generic one), which costs more than
-        # the claim itself.
-        extra = "-c plan_cache_mode=force_generic_plan"
-        params["options"] = f"{params['options']} {extra}" if params.get("options") else extra
+        # PostgreSQL would otherwise re-plan the claim on every execution (its custom
+        # plans look cheaper than the generic one), which costs more than the claim.
+        options.append("-c plan_cache_mode=force_generic_plan")
+    extra = " ".join(options)
+    params["options"] = f"{params['options']} {extra}" if params.get("options") else extra
     params.setdefault("connect_timeout", 5)
     params.setdefault("application_name", "django_pgqueue worker")
     return params

@@ -26,6 +26,7 @@ from django_pgqueue.worker.settler import Settler
 from django_pgqueue.worker.slots import SlotPool
 from django_pgqueue.worker.stats import WorkerStats
 from django_pgqueue.worker.sweeper import Sweeper
+from django_pgqueue.worker.vacuumer import Vacuumer
 
 logger = logging.getLogger("django_pgqueue.worker")
 
@@ -126,6 +127,11 @@ class Worker:
             conf.UNROUTABLE_TTL,
             self.stats,
         )
+        self.vacuumer = (
+            Vacuumer(self.alias, conf.VACUUM_INTERVAL, conf.VACUUM_THRESHOLD, self.stats)
+            if conf.VACUUM_INTERVAL
+            else None
+        )
         self.pruner = (
             Pruner(
                 self.alias,
@@ -189,6 +195,8 @@ class Worker:
         ]
         if self.pruner is not None:
             parts.insert(4, self.pruner)
+        if self.vacuumer is not None:
+            parts.insert(4, self.vacuumer)
         return parts
 
     def _burst_done(self) -> bool:
@@ -254,6 +262,8 @@ class Worker:
         self.sweeper.stop()
         if self.pruner is not None:
             self.pruner.stop()
+        if self.vacuumer is not None:
+            self.vacuumer.stop()
         if self._async_runner is not None:
             self._async_runner.stop()
         self._unregister()
