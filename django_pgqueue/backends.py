@@ -37,7 +37,7 @@ from django_pgqueue.compat import (
     task_enqueued,
 )
 from django_pgqueue.conf import get_settings
-from django_pgqueue.enqueue import enqueue as enqueue_row
+from django_pgqueue.enqueue import insert as insert_row
 from django_pgqueue.registry import (
     validate_backoff,
     validate_max_attempts,
@@ -104,8 +104,6 @@ class PgQueueBackend(BaseTaskBackend):
 
     def enqueue(self, task: Task, args: Any, kwargs: Any) -> TaskResult:
         """Insert the task in the caller's transaction; returns its READY TaskResult."""
-        from django_pgqueue.models import Task as Row
-
         self.validate_task(task)
         definition = framework.register(task)
         args, kwargs = _normalized(task, args, kwargs)
@@ -120,19 +118,16 @@ class PgQueueBackend(BaseTaskBackend):
             metadata={framework.MARKER: {"backend": self.alias, "run_after": run_after}},
         )
         try:
-            task_id = enqueue_row(call, args, kwargs)
+            task_id, enqueued_at = insert_row(call, args, kwargs)
         except queue_errors.InvalidTaskError as exc:
             raise queue_errors.InvalidTaskError(
                 f"cannot enqueue {task.module_path}: {exc}"
             ) from exc
-        database = get_settings().DATABASE
-        # The insert's own clock (same transaction): what get_result will read back.
-        enqueued_at = Row.objects.using(database).values_list("enqueued_at", flat=True)
         result = TaskResult(
             task=task,
             id=str(task_id),
             status=TaskResultStatus.READY,
-            enqueued_at=enqueued_at.get(pk=task_id),
+            enqueued_at=enqueued_at,
             started_at=None,
             finished_at=None,
             last_attempted_at=None,

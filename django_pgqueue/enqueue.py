@@ -95,25 +95,30 @@ def _check_run_at(run_at: Any) -> datetime | None:
     return run_at
 
 
-def _insert(alias: str, row: dict[str, Any]) -> int:
+def _insert(alias: str, row: dict[str, Any]) -> tuple[int, datetime]:
+    """INSERT one task; returns its id and enqueued_at (the live duplicate's, if any)."""
     query = QUERIES["enqueue_unique" if row["unique_key"] else "enqueue"]
     with connections[alias].cursor() as cursor:
         cursor.execute(query, row)
         found = cursor.fetchone()
         if found is not None:
-            return found[0]
+            return found[0], found[1]
         # A live task with this unique_key exists: return it instead of inserting.
         cursor.execute(QUERIES["find_live_unique"], {"unique_key": row["unique_key"]})
         existing = cursor.fetchone()
     if existing is None:
         # The conflicting row finished between the two statements: insert again.
         return _insert(alias, row)
-    return existing[0]
+    return existing[0], existing[1]
+
+
+def insert(definition: TaskDefinition, args: Any, kwargs: dict[str, Any]) -> tuple[int, datetime]:
+    """Like ``enqueue``, also returning the row's enqueued_at (the database's clock)."""
+    return _insert(database_alias(), build_row(definition, args, kwargs))
 
 
 def enqueue(definition: TaskDefinition, args: Any, kwargs: dict[str, Any]) -> int:
-    row = build_row(definition, args, kwargs)
-    return _insert(database_alias(), row)
+    return insert(definition, args, kwargs)[0]
 
 
 def enqueue_on_commit(definition: TaskDefinition, args: Any, kwargs: dict[str, Any]) -> int:
@@ -167,7 +172,7 @@ def enqueue_many(definition: TaskDefinition, calls: Iterable[Any]) -> list[int]:
     alias = database_alias()
     if shared["unique_key"] is not None:
         first = {**shared, "args": dumps(args_list[0]), "kwargs": dumps(kwargs_list[0])}
-        return [_insert(alias, first)] * len(args_list)
+        return [_insert(alias, first)[0]] * len(args_list)
     params = {**shared, "args_list": dumps(args_list), "kwargs_list": dumps(kwargs_list)}
     with connections[alias].cursor() as cursor:
         cursor.execute(QUERIES["enqueue_many"], params)

@@ -36,9 +36,9 @@ WITH inserted AS (
         %(max_attempts)s, %(retry_policy)s::jsonb,
         make_interval(secs => %(timeout)s::float8), %(unique_key)s, %(metadata)s::jsonb
     )
-    RETURNING id, queue
+    RETURNING id, queue, enqueued_at
 )
-SELECT id, pg_notify('pgqueue', queue)::text FROM inserted;
+SELECT id, enqueued_at, pg_notify('pgqueue', queue)::text FROM inserted;
 
 
 -- name: enqueue_unique
@@ -62,14 +62,14 @@ WITH inserted AS (
     ON CONFLICT (unique_key) WHERE unique_key IS NOT NULL
                                 AND state IN ('pending', 'running', 'waiting')
     DO NOTHING
-    RETURNING id, queue
+    RETURNING id, queue, enqueued_at
 )
-SELECT id, pg_notify('pgqueue', queue)::text FROM inserted;
+SELECT id, enqueued_at, pg_notify('pgqueue', queue)::text FROM inserted;
 
 
 -- name: find_live_unique
 -- Uses pgqueue_task_unique_live.
-SELECT id
+SELECT id, enqueued_at
   FROM pgqueue_task
  WHERE unique_key = %(unique_key)s
    AND state IN ('pending', 'running', 'waiting');
