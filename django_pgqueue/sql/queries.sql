@@ -349,6 +349,8 @@ SELECT id, state,
 -- just waits). A worker never imports a name read from a row; this is how a row naming
 -- something no worker registered ends, visibly, instead of waiting forever. Runs rarely
 -- (with the stale-worker cleanup), in small batches; walks pgqueue_task_due.
+-- live_routes is the same definition as in queue_overview: keep the two in step, or a
+-- task the overview calls routable could be failed here.
 WITH live_routes AS (
     SELECT DISTINCT q.queue, r.route ->> 0 AS task_name, (r.route ->> 1)::int AS version
       FROM pgqueue_worker AS w,
@@ -506,6 +508,7 @@ RETURNING t.state;
 --   waiting    pgqueue_task_waiting
 --   failed     pgqueue_task_retention  (every dead letter, with when it died)
 --   succeeded  pgqueue_task_retention  (finished_at within the last hour only)
+-- live_routes: the same definition as in fail_unroutable (keep them in step).
 WITH live_routes AS (
     SELECT DISTINCT q.queue, r.route ->> 0 AS task_name, (r.route ->> 1)::int AS version
       FROM pgqueue_worker AS w,
