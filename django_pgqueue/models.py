@@ -60,6 +60,11 @@ class Task(models.Model):
     checkpoint = models.JSONField(null=True, blank=True)
     progress = models.JSONField(null=True, blank=True)
     cancel_requested = models.BooleanField(db_default=False)
+    # A hard cancel: in process execution mode the handler's child process is killed.
+    cancel_hard = models.BooleanField(db_default=False)
+    # One entry per execution (claim) of the task: attempt, lease token, worker, start,
+    # end and outcome; appended by the settlement, the lease sweep and late outcomes.
+    executions = models.JSONField(db_default=models.Value([], models.JSONField()))
     metadata = models.JSONField(db_default=models.Value({}, models.JSONField()))
 
     class Meta:
