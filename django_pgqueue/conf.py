@@ -25,7 +25,10 @@ DEFAULTS: dict[str, Any] = {
     "DEFAULT_QUEUE": "default",
     "DEFAULT_PRIORITY": 0,
     "DEFAULT_MAX_ATTEMPTS": 3,
-    "DEFAULT_TIMEOUT": None,  # seconds per attempt, or None for no ceiling
+    # Seconds one attempt may run unless its task says otherwise: every task gets a
+    # ceiling, so a hung handler cannot hold its slot forever. @task(timeout=None) opts
+    # one task out; None here removes the default ceiling for all tasks.
+    "DEFAULT_TIMEOUT": 3600.0,
     "DEFAULT_BACKOFF": {"base": 5.0, "factor": 2.0, "cap": 600.0, "jitter": 0.25},
     # Worker.
     "QUEUES": ["default"],
@@ -40,6 +43,15 @@ DEFAULTS: dict[str, Any] = {
     "TIMEOUT_GRACE": 10.0,
     "WRITE_OFF_LIMIT": 3,
     "PREPARED_STATEMENTS": True,
+    # How long a worker connection may go without an answer from PostgreSQL before it is
+    # taken for dead and dropped: bounds each statement (a server that is working on it
+    # is left alone), a connection attempt (at most 5 s) and, through TCP keepalives and
+    # tcp_user_timeout, an idle or sending socket whose packets are lost.
+    "DEAD_CONNECTION_TIMEOUT": 15.0,
+    # Commit claims without waiting for the WAL flush. Faster, but a
+    # PostgreSQL crash can forget a claim whose handler is already running, and another
+    # worker then starts the same attempt beside it (docs/guarantees.md). Opt-in only.
+    "ASYNC_CLAIMS": False,
     "METRICS_PORT": None,
     # Queue gauges read from the database (docs/metrics.md): registered in
     # prometheus_client's default registry, which django-prometheus serves from the web
@@ -85,6 +97,8 @@ class PgQueueSettings:
     TIMEOUT_GRACE: float
     WRITE_OFF_LIMIT: int
     PREPARED_STATEMENTS: bool
+    DEAD_CONNECTION_TIMEOUT: float
+    ASYNC_CLAIMS: bool
     METRICS_PORT: int | None
     QUEUE_METRICS: bool
     WORKER_QUEUE_METRICS: bool

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import json
+import uuid
 from typing import Any
 
 import psycopg
+from psycopg.rows import class_row
 
 from django_pgqueue.registry import registry
 from django_pgqueue.sql import QUERIES
-from django_pgqueue.worker.execution import ClaimedTask
+from django_pgqueue.worker.claimed import ClaimedTask
 
 
 def all_routes() -> list[str]:
@@ -26,23 +28,24 @@ def claim(
     lease: float = 30,
     starvation: float = 3600,
 ) -> list[ClaimedTask]:
-    rows = conn.execute(
-        QUERIES["claim"],
-        {
-            "queue": queue,
-            "limit": limit,
-            "routes": all_routes() if routes is None else routes,
-            "lease_seconds": lease,
-            "starvation_seconds": starvation,
-            "worker_id": worker_id,
-        },
-    ).fetchall()
-    return [ClaimedTask.from_row(r) for r in rows]
+    with conn.cursor(row_factory=class_row(ClaimedTask)) as cursor:
+        return cursor.execute(
+            QUERIES["claim"],
+            {
+                "queue": queue,
+                "limit": limit,
+                "routes": all_routes() if routes is None else routes,
+                "token": str(uuid.uuid4()),
+                "lease_seconds": lease,
+                "starvation_seconds": starvation,
+                "worker_id": worker_id,
+            },
+        ).fetchall()
 
 
 def settle(conn: psycopg.Connection, outcomes: list[dict[str, Any]]) -> dict[int, str]:
     rows = conn.execute(QUERIES["settle"], {"outcomes": json.dumps(outcomes)}).fetchall()
-    return {r[0]: r[1] for r in rows}
+    return {r[0]: r[3] for r in rows}
 
 
 def success(task: ClaimedTask, result: Any = None) -> dict[str, Any]:
@@ -50,6 +53,7 @@ def success(task: ClaimedTask, result: Any = None) -> dict[str, Any]:
         "id": task.id,
         "attempt": task.attempt,
         "token": task.lease_token,
+        "label": "success",
         "state": "succeeded",
         "result": result,
     }

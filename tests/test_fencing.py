@@ -3,11 +3,12 @@
 import json
 import logging
 import threading
+import time
 
 import pytest
 
 from django_pgqueue.sql import QUERIES
-from django_pgqueue.worker.execution import SUCCESS, Outcome, released
+from django_pgqueue.worker.outcomes import RELEASE_DELAY, SUCCESS, Outcome, released
 from django_pgqueue.worker.heartbeat import Heartbeat
 from django_pgqueue.worker.inflight import InFlight
 from django_pgqueue.worker.settler import Settler
@@ -139,7 +140,7 @@ def test_checkpoint_and_progress_writes_are_fenced(pg):
     assert row(pg, task_id)["checkpoint"] is None
 
 
-def test_release_hands_the_task_back_without_refunding_the_attempt(pg):
+def test_release_hands_the_task_back_after_the_release_delay_without_refunding_the_attempt(pg):
     task_id = tasks.noop.enqueue(1)
     (mine,) = claim(pg, limit=1)
 
@@ -147,6 +148,13 @@ def test_release_hands_the_task_back_without_refunding_the_attempt(pg):
 
     stored = row(pg, task_id)
     assert (stored["state"], stored["attempt"], stored["lease_token"]) == ("pending", 1, None)
+    # Not at once: the releasing process exits first (its handler thread dies with it).
+    assert claim(pg, limit=1, worker_id="w-b") == []
+    (due_in,) = pg.execute(
+        "SELECT EXTRACT(EPOCH FROM run_at - now()) FROM pgqueue_task WHERE id = %s", [task_id]
+    ).fetchone()
+    assert 0 < due_in <= RELEASE_DELAY
+    time.sleep(float(due_in) + 0.05)
     assert [t.id for t in claim(pg, limit=1, worker_id="w-b")] == [task_id]
 
 

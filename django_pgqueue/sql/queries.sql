@@ -127,8 +127,14 @@ SELECT nextval(pg_get_serial_sequence('pgqueue_task', 'id'));
 --   version) pending: not claimed, no attempt burnt.
 -- * attempt is incremented here, by the claim, so a task that kills its worker every
 --   time still runs out of attempts (see recover_expired_leases).
--- * The statement commits before any handler runs; it returns the database's now() so
---   the handler's deadline is derived from the database's clock.
+-- * The lease token is the worker's, one per claim statement (%(token)s): if the reply
+--   is lost after the server committed (a dropped connection), the worker finds what
+--   it claimed with find_claimed instead of orphaning the rows until their lease lapses.
+--   (id, attempt, token) still names each claim uniquely.
+-- * The statement commits, durably, before any handler runs (a claim lost in a server
+--   crash would put the row back to pending while its handler runs); it returns the
+--   database's now() so the handler's deadline is derived from the database's clock.
+-- * Columns are returned by name: the worker reads them into ClaimedTask by name.
 WITH starving AS MATERIALIZED (
     SELECT id
       FROM pgqueue_task
@@ -155,7 +161,7 @@ picked AS MATERIALIZED (
 UPDATE pgqueue_task AS t
    SET state = 'running',
        attempt = t.attempt + 1,
-       lease_token = gen_random_uuid(),
+       lease_token = %(token)s::uuid,
        lease_expires_at = now() + make_interval(secs => %(lease_seconds)s),
        started_at = COALESCE(t.started_at, now()),
        last_attempted_at = now(),
@@ -163,10 +169,25 @@ UPDATE pgqueue_task AS t
   FROM (SELECT id FROM starving UNION ALL SELECT id FROM picked) AS p
  WHERE t.id = p.id
 RETURNING t.id, t.task_name, t.handler_version, t.queue, t.priority, t.args, t.kwargs,
-          t.attempt, t.max_attempts, t.retry_policy::text,
-          EXTRACT(EPOCH FROM t.timeout)::float8, t.lease_token::text, t.lease_expires_at,
-          now(), t.enqueued_at, t.run_at, t.checkpoint::text, t.cancel_requested,
-          t.metadata::text;
+       t.attempt, t.max_attempts, t.retry_policy::text AS retry_policy_json,
+       EXTRACT(EPOCH FROM t.timeout)::float8 AS timeout, t.lease_token::text AS lease_token,
+       t.lease_expires_at, now() AS claimed_at, t.enqueued_at, t.run_at,
+       t.checkpoint::text AS checkpoint_json, t.cancel_requested, t.cancel_hard,
+       t.metadata::text AS metadata_json;
+
+
+-- name: find_claimed
+-- After a claim whose reply never arrived (the connection dropped): the rows that claim
+-- took, if the server committed it. Walks pgqueue_task_lease (running rows only).
+SELECT t.id, t.task_name, t.handler_version, t.queue, t.priority, t.args, t.kwargs,
+       t.attempt, t.max_attempts, t.retry_policy::text AS retry_policy_json,
+       EXTRACT(EPOCH FROM t.timeout)::float8 AS timeout, t.lease_token::text AS lease_token,
+       t.lease_expires_at, t.last_attempted_at AS claimed_at, t.enqueued_at, t.run_at,
+       t.checkpoint::text AS checkpoint_json, t.cancel_requested, t.cancel_hard,
+       t.metadata::text AS metadata_json
+  FROM pgqueue_task AS t
+ WHERE t.state = 'running'
+   AND t.lease_token = ANY (%(tokens)s::uuid[]);
 
 
 -- name: next_due
@@ -186,49 +207,112 @@ SELECT run_at, EXTRACT(EPOCH FROM run_at - now())::float8
 -- Write back a batch of outcomes in one statement. Each row is fenced on
 -- (id, attempt, lease_token, state = 'running'): a worker whose lease was recovered
 -- and re-claimed by another worker matches nothing, and learns it from the returned
--- ids (the missing ones are "lost"). The worker computes each row's target state
--- (it holds the claimed row's attempt, max_attempts and frozen retry policy).
+-- leases (the missing ones are checked with settle_check). The worker computes each
+-- row's target state (it holds the claimed row's attempt, max_attempts and frozen
+-- retry policy).
 --
--- A cancel requested while the handler ran wins over a retry: such a row ends
--- cancelled instead of going back to pending. Rows made due again send a wake-up.
+-- * mine takes the row locks with SKIP LOCKED: a row locked by someone else (its own
+--   handler's open transaction after a checkpoint inside atomic(), then a hang) is
+--   skipped and retried later, so one row can never stall the settlement of the batch.
+-- * A cancel requested while the handler ran wins over a retry: such a row ends
+--   cancelled instead of going back to pending.
+-- * Each settlement appends an executions entry with the lease token (source
+--   'settle'): a settle replayed after its reply was lost recognises its own earlier
+--   write by it (settle_check). The history keeps the last 100 executions.
+-- * Rows made due again send a wake-up.
 WITH v AS (
     SELECT *
       FROM jsonb_to_recordset(%(outcomes)s::jsonb) AS v(
-               id bigint, attempt int, token uuid, state text, result jsonb,
+               id bigint, attempt int, token uuid, label text, state text, result jsonb,
                error jsonb, delay float8, attempt_reset bool, attempt_refund bool,
                checkpoint jsonb, save_checkpoint bool)
 ),
+mine AS MATERIALIZED (
+    SELECT t.id, v.attempt AS held_attempt, v.token AS held_token,
+           CASE WHEN t.cancel_requested AND v.state = 'pending' THEN 'cancelled'
+                ELSE v.state END AS new_state
+      FROM pgqueue_task AS t
+      JOIN v ON t.id = v.id AND t.attempt = v.attempt AND t.lease_token = v.token
+     WHERE t.state = 'running'
+       FOR NO KEY UPDATE OF t SKIP LOCKED
+),
 settled AS (
     UPDATE pgqueue_task AS t
-       SET state = CASE WHEN t.cancel_requested AND v.state = 'pending' THEN 'cancelled'
-                        ELSE v.state END,
+       SET state = m.new_state,
            result = CASE WHEN v.state = 'succeeded' THEN v.result ELSE t.result END,
            errors = CASE WHEN v.error IS NULL THEN t.errors
                          ELSE t.errors || jsonb_build_array(
                              v.error || jsonb_build_object('at', now(),
                                                            'worker_id', t.worker_id))
                     END,
-           run_at = CASE WHEN v.state = 'pending'
+           executions = CASE WHEN jsonb_array_length(t.executions) >= 100
+                             THEN t.executions - 0 ELSE t.executions END
+                        || jsonb_build_array(jsonb_build_object(
+                               'attempt', t.attempt, 'token', t.lease_token,
+                               'worker', t.worker_id, 'started', t.last_attempted_at,
+                               'ended', now(), 'outcome', v.label, 'state', m.new_state,
+                               'source', 'settle')),
+           run_at = CASE WHEN m.new_state = 'pending'
                          THEN now() + make_interval(secs => COALESCE(v.delay, 0))
                          ELSE t.run_at END,
-           finished_at = CASE WHEN v.state = 'pending' AND NOT t.cancel_requested THEN NULL
-                              ELSE now() END,
+           finished_at = CASE WHEN m.new_state = 'pending' THEN NULL ELSE now() END,
            attempt = CASE WHEN v.attempt_reset THEN 0
                           WHEN v.attempt_refund THEN t.attempt - 1
                           ELSE t.attempt END,
            checkpoint = CASE WHEN v.save_checkpoint THEN v.checkpoint ELSE t.checkpoint END,
            lease_token = NULL,
            lease_expires_at = NULL
-      FROM v
-     WHERE t.id = v.id
-       AND t.attempt = v.attempt
-       AND t.lease_token = v.token
-       AND t.state = 'running'
-    RETURNING t.id, t.queue, t.state
+      FROM mine AS m, v
+     WHERE t.id = m.id
+       AND v.id = m.id AND v.attempt = m.held_attempt AND v.token = m.held_token
+    RETURNING t.id, m.held_attempt, m.held_token, t.queue, t.state
 )
-SELECT id, state,
-       CASE WHEN state = 'pending' THEN pg_notify('pgqueue', queue)::text END
+SELECT id, held_attempt AS attempt, held_token::text AS token, state,
+       CASE WHEN state = 'pending' THEN pg_notify('pgqueue', queue)::text END AS notified
   FROM settled;
+
+
+-- name: settle_check
+-- For the leases a settle did not write: why not. A plain read (never waits on a
+-- lock), by primary key.
+--   held     the lease is still ours: the row was locked (skipped); retry later.
+--   written  an earlier settle with this very lease already wrote it (a replay after a
+--            lost reply): state is what it wrote, or what became of it since.
+--   lost     someone else owns the task now, or it was recovered: nothing written.
+SELECT v.id, v.attempt, v.token::text AS token,
+       CASE WHEN t.state = 'running' AND t.attempt = v.attempt AND t.lease_token = v.token
+            THEN 'held'
+            WHEN t.executions @> jsonb_build_array(jsonb_build_object(
+                     'token', v.token, 'attempt', v.attempt, 'source', 'settle'))
+            THEN 'written'
+            ELSE 'lost' END AS status,
+       (SELECT e ->> 'state'
+          FROM jsonb_array_elements(t.executions) AS e
+         WHERE e ->> 'token' = v.token::text AND e ->> 'source' = 'settle'
+         LIMIT 1) AS written_state
+  FROM jsonb_to_recordset(%(leases)s::jsonb) AS v(id bigint, attempt int, token uuid)
+  LEFT JOIN pgqueue_task AS t ON t.id = v.id;
+
+
+-- name: record_late_executions
+-- History only: a run whose outcome was refused (its lease was lost, or its claim was
+-- lost in a database crash) is still an execution; append it to the row's executions
+-- (source 'late'). Never touches state, lease or attempt, so it cannot disturb the
+-- current owner. Rows locked right now are skipped: history is best effort.
+WITH v AS (
+    SELECT * FROM jsonb_to_recordset(%(entries)s::jsonb) AS v(id bigint, entry jsonb)
+),
+target AS MATERIALIZED (
+    SELECT t.id FROM pgqueue_task AS t JOIN v ON t.id = v.id
+       FOR NO KEY UPDATE OF t SKIP LOCKED
+)
+UPDATE pgqueue_task AS t
+   SET executions = CASE WHEN jsonb_array_length(t.executions) >= 100
+                         THEN t.executions - 0 ELSE t.executions END
+                    || jsonb_build_array(v.entry || jsonb_build_object('source', 'late',
+                                                                       'recorded', now()))
+  FROM target, v
+ WHERE t.id = target.id AND v.id = target.id;
 
 
 -- name: heartbeat
@@ -237,8 +321,8 @@ SELECT id, state,
 -- nobody recovered yet is still ours, and renewing it is safe (only a recovery or a
 -- claim changes the token). SKIP LOCKED: a row locked by its own handler's open
 -- transaction (a checkpoint written inside atomic()) is skipped this round instead of
--- stalling every other renewal behind it. Returns the renewed ids and their cancel
--- flags; the caller checks the ids that are missing with still_leased.
+-- stalling every other renewal behind it. Returns the renewed leases and their cancel
+-- flags; the caller checks the leases that are missing with still_leased.
 WITH v AS (
     SELECT *
       FROM jsonb_to_recordset(%(leases)s::jsonb) AS v(id bigint, attempt int, token uuid)
@@ -254,14 +338,14 @@ UPDATE pgqueue_task AS t
    SET lease_expires_at = now() + make_interval(secs => %(lease_seconds)s)
   FROM mine
  WHERE t.id = mine.id
-RETURNING t.id, t.cancel_requested;
+RETURNING t.id, t.attempt, t.lease_token::text AS token, t.cancel_requested, t.cancel_hard;
 
 
 -- name: still_leased
 -- Which of these leases still hold (a plain read: never waits on a row lock). Used by
 -- the heartbeat for rows it could not renew: present means "locked by its own handler,
 -- renew next time"; absent means the lease was lost.
-SELECT t.id
+SELECT t.id, t.attempt, t.lease_token::text AS token
   FROM pgqueue_task AS t
   JOIN jsonb_to_recordset(%(leases)s::jsonb) AS v(id bigint, attempt int, token uuid)
     ON t.id = v.id AND t.attempt = v.attempt AND t.lease_token = v.token
@@ -303,6 +387,7 @@ SELECT cancel_requested
 -- the sweep is cheap however large the table). SKIP LOCKED: two sweepers never
 -- recover the same row twice; a worker settling the row at this instant either wins
 -- (its settle commits first; the row no longer matches) or loses (its fence fails).
+-- The recovered run is recorded in executions (source 'sweep', outcome 'lost').
 WITH expired AS MATERIALIZED (
     SELECT id
       FROM pgqueue_task
@@ -331,7 +416,17 @@ recovered AS (
                'traceback', NULL,
                'outcome', 'lost',
                'worker_id', t.worker_id,
-               'at', now()))
+               'at', now())),
+           executions = CASE WHEN jsonb_array_length(t.executions) >= 100
+                             THEN t.executions - 0 ELSE t.executions END
+                        || jsonb_build_array(jsonb_build_object(
+                               'attempt', t.attempt, 'token', t.lease_token,
+                               'worker', t.worker_id, 'started', t.last_attempted_at,
+                               'ended', NULL, 'outcome', 'lost',
+                               'state', CASE WHEN t.cancel_requested THEN 'cancelled'
+                                             WHEN t.attempt >= t.max_attempts THEN 'failed'
+                                             ELSE 'pending' END,
+                               'source', 'sweep', 'recovered', now()))
       FROM expired AS e
      WHERE t.id = e.id
     RETURNING t.id, t.queue, t.state
@@ -342,13 +437,27 @@ SELECT id, state,
 
 
 -- name: fail_unroutable
--- Tasks nobody can run, failed with an explanation once they have waited past
--- UNROUTABLE_TTL: pending and due for that long, and no live worker (heartbeat within
--- the stale window) serves their queue with their (task_name, handler_version). Until
--- then they stay pending and burn no attempt (a producer deployed before its consumer
--- just waits). A worker never imports a name read from a row; this is how a row naming
--- something no worker registered ends, visibly, instead of waiting forever. Runs rarely
--- (with the stale-worker cleanup), in small batches; walks pgqueue_task_due.
+-- Tasks their queue's workers cannot run, failed with an explanation once they have
+-- waited past UNROUTABLE_TTL: pending and due for that long, in a queue that live
+-- workers (heartbeat within the stale window) serve, none of which has registered the
+-- task's (task_name, handler_version). Until then they stay pending and burn no
+-- attempt (a producer deployed before its consumer just waits). A worker never imports
+-- a name read from a row; this is how a row naming something its queue's workers do
+-- not run ends, visibly, instead of waiting forever.
+--
+-- Unknown work is left alone: a queue no live worker serves (a nightly pool, a burst
+-- pool, a pool down for the weekend) is never looked at, however old its backlog; only
+-- the workers of a queue can tell what it should hold, never the workers of another.
+-- So the statement is driven from served, the queues live workers serve: per served
+-- queue, one walk of pgqueue_task_due (queue, run_at, id) WHERE state = 'pending',
+-- over the rows due before the cutoff only, oldest first, stopping at %(limit)s rows.
+-- Its cost follows the served queues' overdue backlog, never the rest of the table.
+-- Runs rarely (with the stale-worker cleanup), in small batches. SKIP LOCKED: a row a
+-- claimer is taking is left to it; under READ COMMITTED a row claimed meanwhile no
+-- longer matches state = 'pending' and is skipped.
+--
+-- The error names the queue's live workers and the routes they registered (a few of
+-- each, then "and N more"), so whoever reads it knows what is deployed where.
 -- live_routes is the same definition as in queue_overview: keep the two in step, or a
 -- task the overview calls routable could be failed here.
 WITH live_routes AS (
@@ -358,16 +467,40 @@ WITH live_routes AS (
            jsonb_array_elements(w.routes) AS r(route)
      WHERE w.last_heartbeat_at > now() - make_interval(secs => %(stale_seconds)s)
 ),
+live_workers AS (
+    SELECT w.id, q.queue
+      FROM pgqueue_worker AS w,
+           jsonb_array_elements_text(w.queues) AS q(queue)
+     WHERE w.last_heartbeat_at > now() - make_interval(secs => %(stale_seconds)s)
+),
+served AS MATERIALIZED (
+    SELECT q.queue,
+           (SELECT array_agg(lw.id ORDER BY lw.id)
+              FROM live_workers AS lw
+             WHERE lw.queue = q.queue) AS workers,
+           (SELECT COALESCE(array_agg(lr.task_name || '@' || lr.version
+                                      ORDER BY lr.task_name, lr.version), '{}')
+              FROM live_routes AS lr
+             WHERE lr.queue = q.queue) AS routes
+      FROM (SELECT DISTINCT queue FROM live_workers) AS q
+),
 doomed AS MATERIALIZED (
-    SELECT t.id
-      FROM pgqueue_task AS t
-     WHERE t.state = 'pending'
-       AND t.run_at < now() - make_interval(secs => %(ttl_seconds)s)
-       AND NOT EXISTS (SELECT 1 FROM live_routes AS lr
-                        WHERE lr.queue = t.queue AND lr.task_name = t.task_name
-                          AND lr.version = t.handler_version)
+    SELECT t.id, s.workers, s.routes
+      FROM served AS s
+     CROSS JOIN LATERAL (
+               SELECT t.id
+                 FROM pgqueue_task AS t
+                WHERE t.state = 'pending'
+                  AND t.queue = s.queue
+                  AND t.run_at < now() - make_interval(secs => %(ttl_seconds)s)
+                  AND NOT EXISTS (SELECT 1 FROM live_routes AS lr
+                                   WHERE lr.queue = t.queue AND lr.task_name = t.task_name
+                                     AND lr.version = t.handler_version)
+                ORDER BY t.run_at, t.id
+                LIMIT %(limit)s
+                  FOR NO KEY UPDATE SKIP LOCKED
+           ) AS t
      LIMIT %(limit)s
-       FOR NO KEY UPDATE SKIP LOCKED
 )
 UPDATE pgqueue_task AS t
    SET state = 'failed',
@@ -378,15 +511,26 @@ UPDATE pgqueue_task AS t
            'message', 'no live worker serving queue ' || quote_literal(t.queue)
                       || ' has registered task ' || quote_literal(t.task_name)
                       || ' version ' || t.handler_version || ' for '
-                      || %(ttl_seconds)s || ' s; deploy a worker that has it, then '
-                      || 'requeue this task',
+                      || %(ttl_seconds)s || ' s; the queue is served by '
+                      || array_to_string(d.workers[1:3], ', ')
+                      || CASE WHEN cardinality(d.workers) > 3
+                              THEN ' and ' || (cardinality(d.workers) - 3) || ' more'
+                              ELSE '' END
+                      || ', which can run '
+                      || CASE WHEN cardinality(d.routes) = 0 THEN 'nothing'
+                              ELSE array_to_string(d.routes[1:10], ', ') END
+                      || CASE WHEN cardinality(d.routes) > 10
+                              THEN ' and ' || (cardinality(d.routes) - 10) || ' more'
+                              ELSE '' END
+                      || '; deploy a worker that serves the queue with this task and'
+                      || ' version, then requeue this task',
            'traceback', NULL,
            'outcome', 'unroutable',
            'worker_id', NULL,
            'at', now()))
   FROM doomed AS d
  WHERE t.id = d.id
-RETURNING t.id, t.task_name;
+RETURNING t.id, t.errors -> -1 ->> 'message';
 
 
 -- name: vacuum_due
@@ -497,7 +641,10 @@ RETURNING t.state;
 -- within the stale window) serves its queue and has registered its (task_name,
 -- handler_version); otherwise it is "unroutable": a producer was deployed without its
 -- consumer. "completed" means succeeded; "failed" means dead-lettered (a failed
--- attempt that will be retried is still pending).
+-- attempt that will be retried is still pending). oldest_running_seconds is the age of
+-- the oldest running attempt, since its claim (last_attempted_at): a handler hung past
+-- its timeout, or one run with timeout=None, shows there while its heartbeat keeps the
+-- lease alive.
 --
 -- Each state is read through its own partial index, so the cost follows the backlog
 -- and the last hour, never the history (which is most of the table). That is why the
@@ -517,23 +664,24 @@ WITH live_routes AS (
      WHERE w.last_heartbeat_at > now() - make_interval(secs => %(stale_seconds)s)
 ),
 tasks AS (
-    SELECT queue, task_name, handler_version, state, run_at, NULL::timestamptz AS finished_at
+    SELECT queue, task_name, handler_version, state, run_at,
+           NULL::timestamptz AS finished_at, NULL::timestamptz AS attempted_at
       FROM pgqueue_task
      WHERE state = 'pending'
     UNION ALL
-    SELECT queue, task_name, handler_version, state, run_at, NULL
+    SELECT queue, task_name, handler_version, state, run_at, NULL, last_attempted_at
       FROM pgqueue_task
      WHERE state = 'running'
     UNION ALL
-    SELECT queue, task_name, handler_version, state, run_at, NULL
+    SELECT queue, task_name, handler_version, state, run_at, NULL, NULL
       FROM pgqueue_task
      WHERE state = 'waiting'
     UNION ALL
-    SELECT queue, task_name, handler_version, state, run_at, finished_at
+    SELECT queue, task_name, handler_version, state, run_at, finished_at, NULL
       FROM pgqueue_task
      WHERE state = 'failed'
     UNION ALL
-    SELECT queue, task_name, handler_version, state, run_at, finished_at
+    SELECT queue, task_name, handler_version, state, run_at, finished_at, NULL
       FROM pgqueue_task
      WHERE state = 'succeeded'
        AND finished_at >= now() - interval '1 hour'
@@ -550,6 +698,8 @@ SELECT t.queue,
        count(*) FILTER (WHERE t.state = 'failed') AS failed,
        EXTRACT(EPOCH FROM now() - min(t.run_at) FILTER (
            WHERE t.state = 'pending' AND t.run_at <= now()))::float8 AS oldest_due_seconds,
+       EXTRACT(EPOCH FROM now() - min(t.attempted_at) FILTER (
+           WHERE t.state = 'running'))::float8 AS oldest_running_seconds,
        count(*) FILTER (WHERE t.state = 'succeeded'
                           AND t.finished_at >= now() - interval '5 minutes') AS completed_5m,
        count(*) FILTER (WHERE t.state = 'succeeded') AS completed_1h,

@@ -4,6 +4,15 @@ It loops while claims come back full; otherwise it parks until a wake-up (a
 notification on its own connection, see listener.py), the next due time of a scheduled
 task, or the jittered poll interval, whichever is first. Polling is the correctness
 floor; wake-ups and next-due only make it fast.
+
+A claim is not idempotent, so it is never replayed blindly after a connection error:
+each claim carries a lease token of the worker's making, and a claim whose reply was
+lost is looked up by that token (``find_claimed``) until it is found or its lease would
+have lapsed. Rows it took are run, not orphaned until the sweep burns their attempt.
+
+The claimer also bounds what this process holds: it stops claiming while the claims in
+flight (running, or run and waiting to be settled) reach ``max_held``, so a settlement
+that cannot proceed never lets claimed-but-unrecorded work pile up.
 """
 
 from __future__ import annotations
@@ -11,11 +20,15 @@ from __future__ import annotations
 import logging
 import random
 import threading
+import time
+import uuid
 
 import psycopg
+from psycopg.rows import class_row
 
-from django_pgqueue.worker.connection import Session
-from django_pgqueue.worker.execution import ClaimedTask
+from django_pgqueue.sql import QUERIES
+from django_pgqueue.worker.claimed import ClaimedTask
+from django_pgqueue.worker.connection import CONNECTION_ERRORS, Backoff, Session
 from django_pgqueue.worker.inflight import InFlight
 from django_pgqueue.worker.listener import Listener
 from django_pgqueue.worker.slots import SlotPool
@@ -40,6 +53,8 @@ class Claimer:
         lease_seconds: float,
         poll_interval: float,
         starvation_timeout: float,
+        durable: bool = True,
+        max_held: int | None = None,
     ) -> None:
         self.worker_id = worker_id
         self.queues = queues
@@ -51,11 +66,15 @@ class Claimer:
         self.poll_interval = poll_interval
         self.starvation_timeout = starvation_timeout
         self._stop = threading.Event()
+        self.max_held = max_held or slots.size + max(slots.size, 100)
         self.listener = Listener(queues)
-        # Claims commit asynchronously: see connection.connect().
+        # Claims commit durably unless ASYNC_CLAIMS is set: see connection.connect().
         self.session = Session(
-            alias, self.name, self._stop, durable=False, on_connect=self.listener.attach
+            alias, self.name, self._stop, durable=durable, on_connect=self.listener.attach
         )
+        # Tokens of claims whose reply was lost: token -> give up looking at (monotonic).
+        self._unconfirmed: dict[str, float] = {}
+        self._backoff = Backoff()
         self._thread = threading.Thread(target=self._run, name="pgqueue-claimer", daemon=True)
         self._rotation = 0
         # Set while parked with nothing claimable (burst mode exits on it).
@@ -80,11 +99,24 @@ class Claimer:
             free = self.slots.wait_for_free(linger_for, 0.001, self._stop)
             if self._stop.is_set():
                 break
+            if len(self.inflight) >= self.max_held:
+                # Settlement is behind (the database is slow, or rows are locked):
+                # claim nothing more until it catches up.
+                self.inflight.wait_below(self.max_held, 0.5)
+                continue
             # Clear before claiming: a wake-up that arrives during the claim is kept.
             self.listener.clear()
             settled_before = not self.inflight
             try:
                 claimed, saturated = self._claim_round(free)
+                self._backoff.reset()
+            except CONNECTION_ERRORS:
+                # Logged by the session; never replayed blindly (see the module doc).
+                self.session.close()
+                if self._stop.is_set():
+                    break
+                self._stop.wait(self._backoff.next_delay())
+                continue
             except Exception:
                 if self._stop.is_set():
                     break
@@ -116,40 +148,79 @@ class Claimer:
 
     def _claim_round(self, free: int) -> tuple[int, bool]:
         """One claim per queue (rotating which goes first) until the slots are full."""
+        claimed = self._adopt_unconfirmed() if self._unconfirmed else 0
         n = len(self.queues)
         order = [self.queues[(self._rotation + i) % n] for i in range(n)]
         self._rotation = (self._rotation + 1) % n
-        claimed, saturated = 0, False
+        saturated = False
         for queue_name in order:
             want = free - claimed
             if want <= 0:
                 break
-            rows = self.session.fetchall(
-                "claim",
-                {
-                    "queue": queue_name,
-                    "limit": want,
-                    "routes": self.routes,
-                    "lease_seconds": self.lease_seconds,
-                    "starvation_seconds": self.starvation_timeout,
-                    "worker_id": self.worker_id,
-                },
-            )
-            if not rows:
-                continue
-            tasks = [ClaimedTask.from_row(row) for row in rows]
-            tasks.sort(key=lambda t: (-t.priority, t.run_at, t.id))
-            self.inflight.add(tasks)
-            self.slots.submit(tasks)
-            self.stats.incr("claimed", len(tasks))
+            token = str(uuid.uuid4())
+            params = {
+                "queue": queue_name,
+                "limit": want,
+                "routes": self.routes,
+                "token": token,
+                "lease_seconds": self.lease_seconds,
+                "starvation_seconds": self.starvation_timeout,
+                "worker_id": self.worker_id,
+            }
+            try:
+                tasks = self.session.call(
+                    lambda conn, p=params: _fetch(conn, "claim", p), retry=False
+                )
+            except CONNECTION_ERRORS:
+                # The server may have committed the claim before the connection broke.
+                self._unconfirmed[token] = time.monotonic() + self.lease_seconds
+                raise
+            self._hand_over(tasks)
             claimed += len(tasks)
             saturated = saturated or len(tasks) == want
         return claimed, saturated
 
+    def _adopt_unconfirmed(self) -> int:
+        """Run the rows of claims whose reply was lost, if the server committed them."""
+        now = time.monotonic()
+        self._unconfirmed = {t: until for t, until in self._unconfirmed.items() if until > now}
+        if not self._unconfirmed:
+            return 0
+        params = {"tokens": list(self._unconfirmed)}
+        tasks = self.session.call(lambda conn: _fetch(conn, "find_claimed", params), retry=False)
+        for task in tasks:
+            self._unconfirmed.pop(task.lease_token, None)
+        if tasks:
+            logger.warning(
+                "claimer: recovered %d task(s) from a claim whose reply was lost: %s",
+                len(tasks),
+                ", ".join(str(t.id) for t in tasks),
+            )
+            self._hand_over(tasks, adopted=True)
+        return len(tasks)
+
+    def _hand_over(self, tasks: list[ClaimedTask], adopted: bool = False) -> None:
+        if not tasks:
+            return
+        tasks.sort(key=lambda t: (-t.priority, t.run_at, t.id))
+        self.inflight.add(tasks)
+        self.slots.submit(tasks, overflow=adopted)
+        self.stats.incr("claimed", len(tasks))
+
     def _park_timeout(self) -> float:
         timeout = self.poll_interval * random.uniform(0.9, 1.1)
         for queue_name in self.queues:
-            rows = self.session.fetchall("next_due", {"queue": queue_name, "routes": self.routes})
+            rows = self.session.call(
+                lambda conn, q=queue_name: conn.execute(
+                    QUERIES["next_due"], {"queue": q, "routes": self.routes}
+                ).fetchall(),
+                retry=False,
+            )
             if rows:
                 timeout = min(timeout, max(0.0, rows[0][1]))
         return timeout
+
+
+def _fetch(conn: psycopg.Connection, query: str, params: dict) -> list[ClaimedTask]:
+    with conn.cursor(row_factory=class_row(ClaimedTask)) as cursor:
+        return cursor.execute(QUERIES[query], params).fetchall()

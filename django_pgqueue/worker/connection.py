@@ -3,15 +3,29 @@
 The worker's components do not use Django's per-thread connections: they need
 autocommit, server-side parameter binding and prepared statements for the hot path, and
 they must survive a PostgreSQL restart without disturbing handler threads.
+
+No wait on the server is unbounded (DEAD_CONNECTION_TIMEOUT, docs/worker.md): a
+connection attempt has ``connect_timeout``; an idle or sending socket whose packets are
+lost is dropped by the kernel (TCP keepalives, ``tcp_user_timeout``); and a statement
+that has had no answer for that long is checked by the watchdog, which drops its
+connection unless the server is still working on it. The last covers what the kernel
+cannot see: a peer that acknowledges packets but never answers (a proxy or load
+balancer in front of a failed server).
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import math
+import os
 import random
+import socket
 import threading
-from collections.abc import Callable
+import time
+import weakref
+from collections import defaultdict
+from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
 import psycopg
@@ -26,6 +40,25 @@ T = TypeVar("T")
 
 # Errors that mean "the connection (or the server) went away": reconnect and retry.
 CONNECTION_ERRORS = (psycopg.OperationalError, psycopg.InterfaceError)
+
+# A connection attempt gives up after DEAD_CONNECTION_TIMEOUT, but never waits longer
+# than this: a server that takes longer to accept a connection is as good as down.
+MAX_CONNECT_TIMEOUT = 5
+
+# How often the watchdog looks for statements that have waited too long.
+WATCH_INTERVAL = 0.25
+
+# The watchdog's question to the server about statements that have waited too long:
+# which of these backends is running a statement right now? A backend that is idle (the
+# statement or its answer was lost on the way) or blocked sending its answer
+# (ClientWrite: nobody reads it) is not working for us any more. A backend that is
+# running (a long VACUUM, a lock wait) is: its statement is left alone.
+WORKING_BACKENDS = """
+SELECT pid FROM pg_stat_activity
+WHERE pid = ANY(%(pids)s)
+  AND state = 'active'
+  AND wait_event IS DISTINCT FROM 'ClientWrite'
+"""
 
 
 def connection_params(alias: str) -> dict[str, Any]:
@@ -51,7 +84,20 @@ def connection_params(alias: str) -> dict[str, Any]:
         options.append("-c plan_cache_mode=force_generic_plan")
     extra = " ".join(options)
     params["options"] = f"{params['options']} {extra}" if params.get("options") else extra
-    params.setdefault("connect_timeout", 5)
+    dead_after = get_settings().DEAD_CONNECTION_TIMEOUT
+    # libpq waits at least 2 s whatever it is told.
+    params.setdefault("connect_timeout", max(2, math.ceil(min(dead_after, MAX_CONNECT_TIMEOUT))))
+    # A socket whose packets are lost (a failover without a RST, a NAT that forgot the
+    # flow): the kernel probes an idle socket after a quarter of the timeout, then every
+    # quarter, and drops a socket whose probes or sent data go unacknowledged for the
+    # whole timeout. So even the claimer's LISTEN socket, parked in select(), wakes with
+    # an error. Ignored on Unix-domain sockets; tcp_user_timeout needs Linux.
+    probe_every = max(1, round(dead_after / 4))
+    params.setdefault("keepalives", 1)
+    params.setdefault("keepalives_idle", probe_every)
+    params.setdefault("keepalives_interval", probe_every)
+    params.setdefault("keepalives_count", 3)
+    params.setdefault("tcp_user_timeout", int(dead_after * 1000))
     params.setdefault("application_name", "django_pgqueue worker")
     return params
 
@@ -59,14 +105,13 @@ def connection_params(alias: str) -> dict[str, Any]:
 def connect(alias: str, durable: bool = True) -> psycopg.Connection:
     """An autocommit connection. ``durable=False`` commits asynchronously.
 
-    Asynchronous commit is used only where losing the last few hundred milliseconds of
-    commits in a PostgreSQL crash cannot break a guarantee: the claim and the lease
-    renewals. A claim lost that way puts its rows back to pending with their old
-    token, so the worker's fenced settlement matches nothing (counted as lost) and the
-    task runs again: a duplicate run, which at-least-once delivery already admits.
-    WAL is written in order, so a (synchronously committed) settlement can never be
-    durable while the claim before it is not. Settlements stay durable: a task is never
-    reported done before its row is safely written.
+    Every worker statement commits durably by default. Asynchronous commit (the
+    ASYNC_CLAIMS setting, for the claims) is faster, but a claim
+    committed that way can be forgotten by a PostgreSQL crash while its handler already
+    runs: the row goes back to pending with its old token and another worker starts the
+    same attempt at once, overlapping the first run without any lease having expired.
+    Settlements are always durable: a task is never reported done before its row is
+    safely written.
     """
     params = connection_params(alias)
     if not durable:
@@ -93,10 +138,13 @@ class Backoff:
 
 
 class Session:
-    """One component's connection. ``run`` executes a named query, reconnecting on loss.
+    """One component's connection. ``call`` runs a statement, reconnecting on loss.
 
-    ``run`` retries until it succeeds or ``stop`` is set; callers pass ``retry=False``
-    where a failed statement must be reported rather than repeated.
+    ``call`` retries until it succeeds or ``stop`` is set; callers pass ``retry=False``
+    where a failed statement must be reported rather than repeated. A statement that has
+    waited DEAD_CONNECTION_TIMEOUT seconds for its answer is checked by the watchdog,
+    which drops the connection (the statement then fails like any lost connection) unless
+    the server is still running it.
     """
 
     def __init__(
@@ -112,23 +160,49 @@ class Session:
         self.name = name
         self.stop = stop
         self.on_connect = on_connect
+        self.timeout = get_settings().DEAD_CONNECTION_TIMEOUT
         self._conn: psycopg.Connection | None = None
         self._backoff = Backoff()
+        # What the watchdog reads and acts on, under the lock: when the statement in
+        # progress is overdue, and a duplicate of the connection's socket. Shutting the
+        # duplicate down wakes the blocked statement; unlike libpq's own descriptor
+        # (which libpq closes when the server hangs up), it cannot be reused by another
+        # connection while this session holds it.
+        self._lock = threading.Lock()
+        self._deadline: float | None = None
+        self._socket: socket.socket | None = None
+        self._backend_pid = 0
+        self._dropped = False
+        _watchdog.watch(self)
 
     @property
     def connection(self) -> psycopg.Connection:
         if self._conn is None or self._conn.closed:
+            self.close()
             conn = connect(self.alias, self.durable)
+            with self._lock:
+                self._conn = conn
+                self._socket = socket.socket(fileno=os.dup(conn.fileno()))
+                self._backend_pid = conn.info.backend_pid
             if self.on_connect is not None:
-                self.on_connect(conn)
-            self._conn = conn
+                try:
+                    with self._watched():
+                        self.on_connect(conn)
+                except BaseException:
+                    self.close()
+                    raise
         return self._conn
 
     def close(self) -> None:
-        if self._conn is not None:
+        with self._lock:
+            conn, self._conn = self._conn, None
+            sock, self._socket = self._socket, None
+            self._dropped = False
+        if conn is not None:
             with contextlib.suppress(Exception):  # closing a broken socket may raise
-                self._conn.close()
-            self._conn = None
+                conn.close()
+        if sock is not None:
+            sock.close()
 
     def fetchall(self, query: str, params: dict[str, Any] | None = None) -> list[tuple]:
         return self.call(lambda conn: conn.execute(QUERIES[query], params).fetchall())
@@ -136,19 +210,144 @@ class Session:
     def call(self, work: Callable[[psycopg.Connection], T], retry: bool = True) -> T:
         while True:
             try:
-                result = work(self.connection)
+                conn = self.connection
+                with self._watched():
+                    result = work(conn)
                 if self._backoff.failures:
                     logger.info("%s: database connection restored", self.name)
                 self._backoff.reset()
                 return result
             except CONNECTION_ERRORS as exc:
+                if self._dropped:
+                    reason = (
+                        f"no answer in {self.timeout:g}s and the server is not running the "
+                        "statement; connection dropped"
+                    )
+                else:
+                    reason = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
                 self.close()
                 delay = self._backoff.next_delay()
                 logger.warning(
                     "%s: database unavailable (%s); retrying in %.2fs",
                     self.name,
-                    str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__,
+                    reason or type(exc).__name__,
                     delay,
                 )
                 if not retry or self.stop.wait(delay):
                     raise
+
+    @contextlib.contextmanager
+    def _watched(self) -> Iterator[None]:
+        """Put the statement(s) run inside under the watchdog's eye."""
+        with self._lock:
+            self._deadline = time.monotonic() + self.timeout
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._deadline = None
+
+    def _overdue(self, now: float) -> tuple[float, int] | None:
+        """(deadline, backend pid) of a statement past its deadline, for the watchdog."""
+        with self._lock:
+            if (
+                self._deadline is None
+                or now < self._deadline
+                or self._socket is None
+                or self._dropped
+            ):
+                return None
+            return self._deadline, self._backend_pid
+
+    def _give_more_time(self, deadline: float, now: float) -> None:
+        """The server is running the statement: look again one timeout from now."""
+        with self._lock:
+            if self._deadline == deadline:
+                self._deadline = now + self.timeout
+
+    def _drop(self, deadline: float) -> None:
+        """Wake the blocked statement with a dead socket (it raises OperationalError)."""
+        with self._lock:
+            if self._deadline != deadline or self._socket is None:
+                return  # that statement has finished meanwhile
+            self._dropped = True
+            with contextlib.suppress(OSError):
+                self._socket.shutdown(socket.SHUT_RDWR)
+
+
+class _Watchdog:
+    """One thread per process that bounds how long any Session waits for an answer.
+
+    Every WATCH_INTERVAL it collects the statements past their deadline and asks the
+    server, on a fresh connection, whether their backends are still running them. It
+    drops the connections whose backend is not, and all of them when the server does
+    not answer that question either.
+    """
+
+    def __init__(self) -> None:
+        self._sessions: weakref.WeakSet[Session] = weakref.WeakSet()
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+
+    def watch(self, session: Session) -> None:
+        with self._lock:
+            self._sessions.add(session)
+            if self._thread is None:
+                self._thread = threading.Thread(
+                    target=self._run, name="pgqueue-watchdog", daemon=True
+                )
+                self._thread.start()
+
+    def _run(self) -> None:
+        while True:
+            time.sleep(WATCH_INTERVAL)
+            try:
+                self.check()
+            except Exception:
+                logger.exception("watchdog: check failed; will retry")
+
+    def check(self) -> None:
+        now = time.monotonic()
+        with self._lock:
+            sessions = list(self._sessions)
+        overdue: dict[str, list[tuple[Session, float, int]]] = defaultdict(list)
+        for session in sessions:
+            if (late := session._overdue(now)) is not None:
+                overdue[session.alias].append((session, *late))
+        for alias, waits in overdue.items():
+            timeout = min(session.timeout for session, _, _ in waits)
+            working = _working_backends(alias, [pid for _, _, pid in waits], timeout)
+            for session, deadline, pid in waits:
+                if working is not None and pid in working:
+                    logger.debug("%s: slow statement, but the server is running it", session.name)
+                    session._give_more_time(deadline, now)
+                else:
+                    session._drop(deadline)
+
+
+def _working_backends(alias: str, pids: list[int], timeout: float) -> set[int] | None:
+    """Which of ``pids`` are running a statement; None if the server does not answer."""
+    params = connection_params(alias)
+    params["application_name"] = "django_pgqueue watchdog"
+    try:
+        with psycopg.connect(**params, autocommit=True) as conn:
+            # This connection may be stalled too: bound the question like the statements.
+            sock = socket.socket(fileno=os.dup(conn.fileno()))
+            timer = threading.Timer(timeout, _shutdown_socket, (sock,))
+            timer.start()
+            try:
+                rows = conn.execute(WORKING_BACKENDS, {"pids": pids}).fetchall()
+            finally:
+                timer.cancel()
+                sock.close()
+    except psycopg.Error:
+        return None
+    return {pid for (pid,) in rows}
+
+
+def _shutdown_socket(sock: socket.socket) -> None:
+    with contextlib.suppress(OSError):
+        sock.shutdown(socket.SHUT_RDWR)
+
+
+_watchdog = _Watchdog()

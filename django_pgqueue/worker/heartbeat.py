@@ -1,8 +1,10 @@
 """The heartbeat: one fenced UPDATE renews every in-flight lease of this process.
 
 It also refreshes the worker's registry row, hands cancel requests to the running
-handlers' contexts, and flags contexts whose lease was lost (so a cooperative handler
-can stop early; the settlement is fenced either way).
+handlers (a hard cancel also to the execution pool, which kills the handler's
+process), and flags handlers whose lease was lost (so a cooperative handler can stop
+early; the settlement is fenced either way). Every lease is named by (id, attempt,
+token): an old run of a task and a new attempt of it are renewed, or lost, separately.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import logging
 from collections.abc import Callable
 
 from django_pgqueue.sql import QUERIES
+from django_pgqueue.worker.claimed import ClaimedTask, Lease
 from django_pgqueue.worker.inflight import InFlight
 from django_pgqueue.worker.periodic import Periodic
 from django_pgqueue.worker.stats import WorkerStats
@@ -31,6 +34,7 @@ class Heartbeat(Periodic):
         inflight: InFlight,
         stats: WorkerStats,
         register: Callable[[], None],
+        on_hard_cancel: Callable[[ClaimedTask], None] | None = None,
     ) -> None:
         super().__init__(alias, interval)
         self.lease_seconds = lease_seconds
@@ -38,6 +42,8 @@ class Heartbeat(Periodic):
         self.inflight = inflight
         self.stats = stats
         self.register = register
+        self.on_hard_cancel = on_hard_cancel
+        self._lost_logged: set[Lease] = set()
 
     def wait_first(self) -> float:
         return self.interval
@@ -55,42 +61,39 @@ class Heartbeat(Periodic):
     def renew_leases(self) -> None:
         tasks = self.inflight.snapshot()
         if not tasks:
+            self._lost_logged.clear()
             return
-        leases = json.dumps(
-            [{"id": t.id, "attempt": t.attempt, "token": t.lease_token} for t in tasks]
-        )
+        leases = json.dumps([t.lease.as_json() for t in tasks])
         rows = self.session.fetchall(
-            "heartbeat",
-            {
-                "leases": leases,
-                "lease_seconds": self.lease_seconds,
-            },
+            "heartbeat", {"leases": leases, "lease_seconds": self.lease_seconds}
         )
-        renewed = dict(rows)
+        renewed = {Lease(r[0], r[1], r[2]): (r[3], r[4]) for r in rows}
         self.stats.incr("lease_renewals", len(renewed))
-        missing = [t for t in tasks if t.id not in renewed]
-        held: set[int] = set()
+        missing = [t for t in tasks if t.lease not in renewed]
+        held: set[Lease] = set()
         if missing:
-            check = json.dumps(
-                [{"id": t.id, "attempt": t.attempt, "token": t.lease_token} for t in missing]
-            )
-            held = {row[0] for row in self.session.fetchall("still_leased", {"leases": check})}
+            check = json.dumps([t.lease.as_json() for t in missing])
+            held = {
+                Lease(r[0], r[1], r[2])
+                for r in self.session.fetchall("still_leased", {"leases": check})
+            }
         for task in tasks:
-            if task.id in held:
+            lease = task.lease
+            if lease in held:
                 continue
-            if task.id in renewed:
-                if renewed[task.id]:
-                    task.cancel_requested = True
-                    if task.context is not None:
-                        task.context._cancel_requested = True
-            elif not self.inflight.is_settling(task.id):
+            if lease in renewed:
+                cancel, hard = renewed[lease]
+                if cancel and not (task.cancel_requested and task.cancel_hard >= hard):
+                    task.request_cancel(hard)
+                    if hard and self.on_hard_cancel is not None:
+                        self.on_hard_cancel(task)
+            elif not self.inflight.is_settling(lease) and lease not in self._lost_logged:
+                self._lost_logged.add(lease)
                 self.stats.incr("lease_lost")
-                if task.context is not None:
-                    task.context._lease_lost = True
+                task.mark_lease_lost()
                 logger.warning(
-                    "task %s (%s) attempt %s: lease lost while the handler is running "
-                    "(recovered after expiry); its outcome will not be written",
-                    task.id,
-                    task.task_name,
-                    task.attempt,
+                    "%s: lease lost while the handler is running (recovered after "
+                    "expiry); its outcome will not be written",
+                    task.log_prefix(),
                 )
+        self._lost_logged &= {t.lease for t in tasks}

@@ -5,6 +5,17 @@ one ``settle`` statement (so under load, many outcomes share one commit, and at 
 an outcome is written at once, with no waiting). Only when the statement has committed
 does the worker count, log or acknowledge an outcome: an outcome whose fence matched no
 row is counted as ``lost`` and never reported as a success.
+
+What can go wrong, and what it costs (never another task's outcome):
+
+* A value PostgreSQL refuses (a data error): the batch is written again row by row,
+  and only the row that cannot be stored is replaced by a failure saying why.
+* A row locked by someone else (a hung handler's open transaction): ``settle`` skips
+  it; ``settle_check`` says the lease still holds, and the outcome is retried later
+  while the rest of the batch is written now.
+* A lost connection: the statement is run again on a new one. Rows the first run
+  already wrote are recognised by their executions entry (``settle_check``: written),
+  so a replay is not mistaken for a lost lease.
 """
 
 from __future__ import annotations
@@ -15,30 +26,43 @@ import queue
 import threading
 import time
 from collections import Counter
+from datetime import timedelta
+
+import psycopg
 
 from django_pgqueue.exceptions import TaskNotRegistered
 from django_pgqueue.registry import registry
 from django_pgqueue.signals import task_settled
 from django_pgqueue.sql import QUERIES
+from django_pgqueue.worker import outcomes
+from django_pgqueue.worker.claimed import Lease
 from django_pgqueue.worker.connection import CONNECTION_ERRORS, Session
-from django_pgqueue.worker.execution import LOST, SUCCESS, Outcome
 from django_pgqueue.worker.inflight import InFlight
+from django_pgqueue.worker.outcomes import LOST, SUCCESS, Outcome
 from django_pgqueue.worker.stats import WorkerStats
 
 logger = logging.getLogger("django_pgqueue.worker")
 
 _STOP = object()
 MAX_BATCH = 1000
+# An outcome whose row is locked by someone else is retried after this long (doubling).
+RETRY_LOCKED_AFTER = 0.2
+RETRY_LOCKED_CAP = 5.0
 
 
 class Settler:
     name = "settler"
 
-    def __init__(self, alias: str, inflight: InFlight, stats: WorkerStats) -> None:
+    def __init__(
+        self, alias: str, inflight: InFlight, stats: WorkerStats, worker_id: str = ""
+    ) -> None:
         self._inflight = inflight
         self._stats = stats
+        self._worker_id = worker_id
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
         self._abort = threading.Event()
+        # Outcomes whose row was locked: (when to retry, delay so far, outcome).
+        self._deferred: list[tuple[float, float, Outcome]] = []
         self.session = Session(alias, self.name, self._abort)
         self._thread = threading.Thread(target=self._run, name="pgqueue-settler", daemon=True)
 
@@ -46,7 +70,7 @@ class Settler:
         self._thread.start()
 
     def put(self, outcome: Outcome) -> None:
-        self._inflight.mark_settling(outcome.task.id)
+        self._inflight.mark_settling(outcome.task.lease)
         self._queue.put(outcome)
 
     def stop(self, timeout: float) -> None:
@@ -58,6 +82,192 @@ class Settler:
             self._abort.set()
             self._thread.join(1.0)
         self.session.close()
+
+    # -- the loop ---------------------------------------------------------------------
+    def _run(self) -> None:
+        stopping = False
+        while True:
+            batch, stopping = self._collect(stopping)
+            if batch:
+                try:
+                    self._flush(batch)
+                except CONNECTION_ERRORS:
+                    logger.error(
+                        "settler: aborted with %d outcome(s) unwritten; their leases "
+                        "will expire and the tasks run again",
+                        len(batch),
+                    )
+                    return
+                except Exception:
+                    logger.exception("settler: could not write %d outcome(s)", len(batch))
+                    self._inflight.remove([o.task.lease for o in batch])
+            if stopping and not self._deferred:
+                return
+            if stopping and self._abort.is_set():
+                return
+
+    def _collect(self, stopping: bool) -> tuple[list[Outcome], bool]:
+        """Wait for outcomes (or a deferred retry coming due); take all that are ready."""
+        now = time.monotonic()
+        batch = [o for due, _, o in self._deferred if due <= now]
+        if batch:
+            self._deferred = [d for d in self._deferred if d[0] > now]
+        if not batch and not stopping:
+            wait = min((d[0] for d in self._deferred), default=now + 3600) - now
+            try:
+                item = self._queue.get(timeout=max(0.0, wait))
+            except queue.Empty:
+                return [], stopping
+            if item is _STOP:
+                stopping = True
+            else:
+                batch.append(item)
+        elif stopping and not batch and self._deferred:
+            time.sleep(max(0.0, min(d[0] for d in self._deferred) - now))
+            return [], stopping
+        while len(batch) < MAX_BATCH:
+            try:
+                item = self._queue.get_nowait()
+            except queue.Empty:
+                break
+            if item is _STOP:
+                stopping = True
+                break
+            batch.append(item)
+        return batch, stopping
+
+    # -- writing ----------------------------------------------------------------------
+    def _flush(self, batch: list[Outcome]) -> None:
+        batch = [_storable(o) for o in batch]
+        try:
+            written = self._settle(batch)
+        except psycopg.DataError:
+            written = self._settle_one_by_one(batch)
+        missing = [o for o in batch if o.task.lease not in written]
+        lost: list[Outcome] = []
+        if missing:
+            for outcome, status, state in self._check(missing):
+                if status == "held":
+                    self._defer(outcome)
+                elif status == "written":
+                    written[outcome.task.lease] = state
+                else:
+                    lost.append(outcome)
+        self._account(batch, written, lost)
+
+    def _settle(self, batch: list[Outcome]) -> dict[Lease, str]:
+        payload = "[" + ",".join(_row_json(o) for o in batch) + "]"
+        rows = self.session.call(
+            lambda conn: conn.execute(QUERIES["settle"], {"outcomes": payload}).fetchall()
+        )
+        return {Lease(r[0], r[1], r[2]): r[3] for r in rows}
+
+    def _settle_one_by_one(self, batch: list[Outcome]) -> dict[Lease, str]:
+        """A data error sank the batch: write each row alone, so the others land."""
+        written: dict[Lease, str] = {}
+        for index, outcome in enumerate(batch):
+            try:
+                written.update(self._settle([outcome]))
+            except psycopg.DataError as exc:
+                replacement = outcomes.unrunnable(
+                    outcome.task,
+                    "OutcomeNotStorable",
+                    f"the {outcome.label} outcome of this attempt could not be stored "
+                    f"(PostgreSQL: {str(exc).strip().splitlines()[0]}); recorded as a "
+                    "failure instead",
+                )
+                logger.error(
+                    "%s: outcome %s could not be stored (%s); failing the task instead",
+                    outcome.task.log_prefix(),
+                    outcome.label,
+                    exc,
+                )
+                batch[index] = replacement
+                written.update(self._settle([replacement]))
+        return written
+
+    def _check(self, missing: list[Outcome]) -> list[tuple[Outcome, str, str | None]]:
+        leases = json.dumps([o.task.lease.as_json() for o in missing])
+        rows = self.session.call(
+            lambda conn: conn.execute(QUERIES["settle_check"], {"leases": leases}).fetchall()
+        )
+        status = {Lease(r[0], r[1], r[2]): (r[3], r[4]) for r in rows}
+        return [(o, *status.get(o.task.lease, ("lost", None))) for o in missing]
+
+    def _defer(self, outcome: Outcome) -> None:
+        previous = getattr(outcome, "_retry_delay", 0.0)
+        delay = min(RETRY_LOCKED_CAP, previous * 2 if previous else RETRY_LOCKED_AFTER)
+        outcome._retry_delay = delay  # type: ignore[attr-defined]
+        if not previous:
+            logger.warning(
+                "%s: its row is locked by another transaction (a handler's own open "
+                "transaction?); the %s outcome will be written once the lock is released",
+                outcome.task.log_prefix(),
+                outcome.label,
+            )
+        self._stats.incr("settle_deferred")
+        self._deferred.append((time.monotonic() + delay, delay, outcome))
+
+    # -- after the write --------------------------------------------------------------
+    def _account(
+        self, batch: list[Outcome], written: dict[Lease, str], lost: list[Outcome]
+    ) -> None:
+        counts: Counter[str] = Counter()
+        for outcome in batch:
+            task = outcome.task
+            state = written.get(task.lease)
+            if state is not None:
+                counts[outcome.label] += 1
+                if outcome.label != SUCCESS:
+                    logger.info("%s: %s -> %s", task.log_prefix(), outcome.label, state)
+            elif outcome in lost:
+                counts[LOST] += 1
+                logger.warning(
+                    "%s: lease lost before settlement; the %s outcome was not written "
+                    "(another worker or the lease sweep owns the task now)",
+                    task.log_prefix(),
+                    outcome.label,
+                )
+            else:
+                continue  # deferred: still in flight
+            self._announce(outcome, state)
+        if lost:
+            self._record_late(lost)
+        self._inflight.remove(
+            [o.task.lease for o in batch if o.task.lease in written or o in lost]
+        )
+        for label, count in counts.items():
+            self._stats.incr(label, count)
+
+    def _record_late(self, lost: list[Outcome]) -> None:
+        """History only: the refused runs still happened (best effort)."""
+        entries = []
+        for outcome in lost:
+            task = outcome.task
+            ran_for = time.monotonic() - task.received_monotonic
+            entries.append(
+                {
+                    "id": task.id,
+                    "entry": {
+                        "attempt": task.attempt,
+                        "token": task.lease_token,
+                        "worker": self._worker_id,
+                        "started": task.claimed_at.isoformat(),
+                        "ended": (task.claimed_at + timedelta(seconds=ran_for)).isoformat(),
+                        "outcome": outcome.label,
+                        "state": None,
+                    },
+                }
+            )
+        try:
+            self.session.call(
+                lambda conn: conn.execute(
+                    QUERIES["record_late_executions"], {"entries": json.dumps(entries)}
+                ),
+                retry=False,
+            )
+        except psycopg.Error as exc:
+            logger.info("settler: could not record %d late execution(s): %s", len(lost), exc)
 
     def _announce(self, outcome: Outcome, state: str | None) -> None:
         task = outcome.task
@@ -86,66 +296,21 @@ class Settler:
             if isinstance(result, Exception):
                 logger.error("task_settled receiver %r raised %r (ignored)", receiver, result)
 
-    def _run(self) -> None:
-        stopping = False
-        while not stopping:
-            first = self._queue.get()
-            if first is _STOP:
-                break
-            batch = [first]
-            while len(batch) < MAX_BATCH:
-                try:
-                    item = self._queue.get_nowait()
-                except queue.Empty:
-                    break
-                if item is _STOP:
-                    stopping = True
-                    break
-                batch.append(item)
-            try:
-                self._flush(batch)
-            except CONNECTION_ERRORS:
-                logger.error(
-                    "settler: aborted with %d outcome(s) unwritten; their leases "
-                    "will expire and the tasks run again",
-                    len(batch),
-                )
-                return
-            except Exception:
-                logger.exception("settler: could not write %d outcome(s)", len(batch))
-                self._inflight.remove([o.task.id for o in batch])
 
-    def _flush(self, batch: list[Outcome]) -> None:
-        payload = json.dumps([o.as_row() for o in batch], separators=(",", ":"))
-        rows = self.session.call(
-            lambda conn: conn.execute(QUERIES["settle"], {"outcomes": payload}).fetchall()
+def _row_json(outcome: Outcome) -> str:
+    return json.dumps(outcome.as_row(), separators=(",", ":"))
+
+
+def _storable(outcome: Outcome) -> Outcome:
+    """The outcome, or a failure saying why its values cannot be encoded as JSON."""
+    try:
+        _row_json(outcome)
+    except (TypeError, ValueError) as exc:
+        return outcomes.unrunnable(
+            outcome.task,
+            "OutcomeNotStorable",
+            f"the {outcome.label} outcome of this attempt cannot be stored as JSON "
+            f"({outcomes.clean_text(str(exc), 500)}); recorded as a failure instead",
         )
-        written = {row[0]: row[1] for row in rows}
-        counts: Counter[str] = Counter()
-        for outcome in batch:
-            task = outcome.task
-            if task.id in written:
-                counts[outcome.label] += 1
-                if outcome.label != SUCCESS:
-                    logger.info(
-                        "task %s (%s) attempt %s: %s -> %s",
-                        task.id,
-                        task.task_name,
-                        task.attempt,
-                        outcome.label,
-                        written[task.id],
-                    )
-            else:
-                counts[LOST] += 1
-                logger.warning(
-                    "task %s (%s) attempt %s: lease lost before settlement; the %s outcome "
-                    "was not written (another worker or the lease sweep owns the task now)",
-                    task.id,
-                    task.task_name,
-                    task.attempt,
-                    outcome.label,
-                )
-            self._announce(outcome, written.get(task.id))
-        self._inflight.remove([o.task.id for o in batch])
-        for label, count in counts.items():
-            self._stats.incr(label, count)
+    return outcome
+

@@ -15,7 +15,8 @@ import threading
 import time
 from collections.abc import Callable
 
-from django_pgqueue.worker.execution import ClaimedTask, Outcome, timed_out
+from django_pgqueue.worker.claimed import ClaimedTask
+from django_pgqueue.worker.outcomes import Outcome, timed_out
 from django_pgqueue.worker.stats import WorkerStats
 
 logger = logging.getLogger("django_pgqueue.worker")
@@ -72,15 +73,17 @@ class SlotPool:
         slot; an idle worker never lingers (its slots are all free).
         """
         with self._free_changed:
-            while self._free == 0 and not stop.is_set():
+            while self._free <= 0 and not stop.is_set():
                 self._free_changed.wait(0.1)
             if self._free < minimum and linger > 0:
                 self._free_changed.wait_for(lambda: self._free >= minimum, linger)
             return self._free
 
-    def submit(self, tasks: list[ClaimedTask]) -> None:
+    def submit(self, tasks: list[ClaimedTask], overflow: bool = False) -> None:
+        """Queue claimed tasks for the slots. ``overflow``: tasks recovered from a claim
+        whose reply was lost may exceed the free slots; they wait for one."""
         with self._free_changed:
-            if len(tasks) > self._free:
+            if len(tasks) > self._free and not overflow:
                 raise RuntimeError("claimed more tasks than free slots")
             self._free -= len(tasks)
         for task in tasks:

@@ -47,7 +47,9 @@ class Sweeper(Periodic):
                 self.fail_unroutable()
 
     def fail_unroutable(self) -> int:
-        """Fail tasks no live worker has been able to run for UNROUTABLE_TTL."""
+        """Fail one batch of tasks due for UNROUTABLE_TTL that their queue's live workers
+        cannot run. A queue no live worker serves is left alone, however old its backlog.
+        """
         rows = self.session.fetchall(
             "fail_unroutable",
             {
@@ -56,13 +58,8 @@ class Sweeper(Periodic):
                 "limit": BATCH,
             },
         )
-        for task_id, task_name in rows:
-            logger.error(
-                "sweeper: task %s (%s) failed: no live worker has registered it for %gs",
-                task_id,
-                task_name,
-                self.unroutable_ttl,
-            )
+        for task_id, message in rows:
+            logger.error("sweeper: task %s failed as unroutable: %s", task_id, message)
         self.stats.incr("unroutable_failed", len(rows))
         return len(rows)
 

@@ -16,11 +16,14 @@ from dataclasses import dataclass, field
 from django_pgqueue.conf import get_settings
 from django_pgqueue.registry import registry
 from django_pgqueue.sql import QUERIES
+from django_pgqueue.worker.asyncio_runner import AsyncRunner
+from django_pgqueue.worker.claimed import ClaimedTask
 from django_pgqueue.worker.claimer import Claimer
-from django_pgqueue.worker.connection import Session
-from django_pgqueue.worker.execution import AsyncRunner, ClaimedTask, Outcome, execute, released
+from django_pgqueue.worker.connection import CONNECTION_ERRORS, Session
+from django_pgqueue.worker.execution import execute
 from django_pgqueue.worker.heartbeat import Heartbeat
 from django_pgqueue.worker.inflight import InFlight
+from django_pgqueue.worker.outcomes import Outcome, released
 from django_pgqueue.worker.pruner import Pruner
 from django_pgqueue.worker.settler import Settler
 from django_pgqueue.worker.slots import SlotPool
@@ -89,7 +92,7 @@ class Worker:
         self.supervised = supervised
         self.exit_code = 0
 
-        self.settler = Settler(self.alias, self.inflight, self.stats)
+        self.settler = Settler(self.alias, self.inflight, self.stats, self.worker_id)
         self.slots = SlotPool(
             options.concurrency,
             execute=self._execute,
@@ -110,6 +113,7 @@ class Worker:
             lease_seconds=options.lease_seconds,
             poll_interval=options.poll_interval,
             starvation_timeout=options.starvation_timeout,
+            durable=not conf.ASYNC_CLAIMS,
         )
         self.heartbeat = Heartbeat(
             self.alias,
@@ -144,8 +148,8 @@ class Worker:
             if options.prune
             else None
         )
-        self._registry_stop = threading.Event()
-        self._registry_session = Session(self.alias, "registry", self._registry_stop)
+        # Registration retries until the database answers or the worker is told to stop.
+        self._registry_session = Session(self.alias, "registry", self._stop_requested)
 
     # -- running ----------------------------------------------------------------------
     def _execute(self, task: ClaimedTask) -> Outcome:
@@ -159,7 +163,15 @@ class Worker:
             signal.signal(signal.SIGTERM, self._on_signal)
             # A supervised child leaves Ctrl-C to its supervisor, which forwards SIGTERM.
             signal.signal(signal.SIGINT, signal.SIG_IGN if self.supervised else self._on_signal)
-        self._register()
+        try:
+            self._register()
+        except CONNECTION_ERRORS:  # raised only once a stop was requested
+            logger.info(
+                "worker %s stopped before it could register: the database was unreachable",
+                self.worker_id,
+            )
+            self._registry_session.close()
+            return self.exit_code
         # Everything loaded so far (Django, the app, the tasks) lives as long as the
         # process: move it out of the collector's sight, so that full collections stay
         # short and do not add milliseconds to a task's start.
@@ -241,38 +253,54 @@ class Worker:
     # -- shutdown ---------------------------------------------------------------------
     def _shutdown(self) -> None:
         """Stop claiming at once, let handlers finish within the grace period, then
-        release what is still running (fenced; the attempt is not refunded)."""
+        release what is still running (fenced; the attempt is not refunded).
+
+        A handler thread cannot be stopped, so a release must never let another worker
+        start the task while its handler still runs here: the released row becomes due
+        only ``RELEASE_DELAY`` after the release commits, and this process exits right
+        after the release is written (its handler threads die with it).
+        """
         self.claimer.stop()
         deadline = time.monotonic() + self.options.shutdown_grace
         while time.monotonic() < deadline and self.inflight.running():
             time.sleep(0.02)
         unfinished = self.inflight.running()
+        for component in self._maintenance():
+            component.stop()
+        self._unregister()
         for task in unfinished:
             logger.warning(
-                "task %s (%s) attempt %s did not finish within the grace period; "
-                "releasing its lease",
-                task.id,
-                task.task_name,
-                task.attempt,
+                "%s did not finish within the grace period; releasing its lease",
+                task.log_prefix(),
             )
             self.settler.put(released(task))
         self.slots.stop()
         self.settler.stop(timeout=10)
-        self.heartbeat.stop()
-        self.sweeper.stop()
-        if self.pruner is not None:
-            self.pruner.stop()
-        if self.vacuumer is not None:
-            self.vacuumer.stop()
-        if self._async_runner is not None:
-            self._async_runner.stop()
-        self._unregister()
         counts = self.stats.snapshot()
         logger.info(
             "worker %s stopped: %s",
             self.worker_id,
             " ".join(f"{k}={v}" for k, v in sorted(counts.items())) or "no tasks",
         )
+        if unfinished:
+            logger.warning(
+                "exiting now: %d released handler(s) are still running and must not "
+                "outlive the release",
+                len(unfinished),
+            )
+            logging.shutdown()
+            os._exit(self.exit_code)
+        if self._async_runner is not None:
+            self._async_runner.stop()
+
+    def _maintenance(self) -> list:
+        """The periodic components: stopped before the final release is written."""
+        parts = [self.heartbeat, self.sweeper]
+        if self.pruner is not None:
+            parts.append(self.pruner)
+        if self.vacuumer is not None:
+            parts.append(self.vacuumer)
+        return parts
 
     # -- registry ---------------------------------------------------------------------
     def _register(self) -> None:

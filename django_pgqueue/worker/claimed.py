@@ -1,0 +1,112 @@
+"""What the worker holds about a claimed task: the claimed row and its lease.
+
+A task id alone does not name a claim: a worker may still run an old attempt of a task
+(its lease lapsed, or the claim was lost in a database crash) while a new attempt of the
+same task runs beside it. Everything the worker tracks about a claimed task is keyed by
+its ``Lease``: (id, attempt, lease token).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any, NamedTuple
+
+from django_pgqueue.context import TaskContext
+
+
+class Lease(NamedTuple):
+    """The key of one claim of one task: what every fenced write carries."""
+
+    id: int
+    attempt: int
+    token: str
+
+    def as_json(self) -> dict[str, Any]:
+        return {"id": self.id, "attempt": self.attempt, "token": self.token}
+
+    def __str__(self) -> str:
+        return f"task {self.id} attempt {self.attempt} lease {self.token[:8]}"
+
+
+@dataclass(eq=False)
+class ClaimedTask:
+    """A row as the claim returned it (columns read by name), plus the worker's bookkeeping."""
+
+    id: int
+    task_name: str
+    handler_version: int
+    queue: str
+    priority: int
+    args: Any
+    kwargs: Any
+    attempt: int
+    max_attempts: int
+    retry_policy_json: str
+    timeout: float | None
+    lease_token: str
+    lease_expires_at: datetime
+    claimed_at: datetime
+    enqueued_at: datetime
+    run_at: datetime
+    checkpoint_json: str | None
+    cancel_requested: bool
+    cancel_hard: bool
+    metadata_json: str
+    received_monotonic: float = field(default_factory=time.monotonic)
+    context: TaskContext | None = None
+
+    @property
+    def lease(self) -> Lease:
+        return Lease(self.id, self.attempt, self.lease_token)
+
+    # Rarely needed columns arrive as JSON text and are parsed on first use.
+    @property
+    def retry_policy(self) -> dict[str, float]:
+        return json.loads(self.retry_policy_json) if self.retry_policy_json else {}
+
+    @property
+    def checkpoint(self) -> Any:
+        return json.loads(self.checkpoint_json) if self.checkpoint_json else None
+
+    @property
+    def metadata(self) -> dict[str, Any]:
+        return json.loads(self.metadata_json) if self.metadata_json else {}
+
+    @property
+    def deadline(self) -> datetime | None:
+        if self.timeout is None:
+            return None
+        return self.claimed_at + timedelta(seconds=self.timeout)
+
+    @property
+    def deadline_monotonic(self) -> float | None:
+        """The watchdog's deadline on this process's monotonic clock.
+
+        The handler's deadline is the claim's database now() plus the timeout
+        (``deadline``). The claim's result arrives one round trip after that stamp, and
+        the watchdog starts counting then: at most a round trip of extra budget, and no
+        dependence on the worker's wall clock being in step with the database's.
+        """
+        if self.timeout is None:
+            return None
+        return self.received_monotonic + self.timeout
+
+    def request_cancel(self, hard: bool = False) -> None:
+        """The heartbeat saw a cancel request: tell the handler (and, if hard, the pool)."""
+        self.cancel_requested = True
+        self.cancel_hard = self.cancel_hard or hard
+        if self.context is not None:
+            self.context._cancel_requested = True
+
+    def mark_lease_lost(self) -> None:
+        if self.context is not None:
+            self.context._lease_lost = True
+
+    def log_prefix(self) -> str:
+        return (
+            f"task {self.id} ({self.task_name}) attempt {self.attempt} "
+            f"lease {self.lease_token[:8]}"
+        )

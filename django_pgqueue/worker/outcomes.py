@@ -1,0 +1,192 @@
+"""The outcome policy: what each way an attempt can end does to the task's row.
+
+One home for every transition a worker decides:
+
+==============================  ===========================================================
+how the attempt ended           what is written (fenced on the lease)
+==============================  ===========================================================
+returned                        succeeded, result stored
+raised, attempts left           pending after the frozen backoff, error appended
+raised, attempts spent          failed (dead letter), error appended
+``Retry(delay)``                as raised, with the given delay
+``Snooze(delay)``               pending after delay, the attempt refunded, no error
+``Continue(checkpoint)``        pending now, attempt counter reset, checkpoint saved
+``Cancelled`` / cancel request  cancelled, error says why
+timeout / written off / killed  as raised, with a TimeoutError
+hard cancel (process killed)    cancelled, error says the handler was killed
+payload cannot run              failed at once, no retry (bad stored args, bad result)
+shutdown, handler unfinished    pending after ``RELEASE_DELAY``, attempt not refunded
+                                (failed on the last attempt, with WorkerShutdown)
+==============================  ===========================================================
+
+Two transitions happen without a worker and live in SQL beside their statements:
+a cancel requested while the handler ran wins over a retry (``settle``), and a lease
+that lapsed is recovered as pending, or failed once the attempts are spent
+(``recover_expired_leases``). Both record an ``executions`` entry like a settlement.
+"""
+
+from __future__ import annotations
+
+import traceback
+from dataclasses import dataclass
+from typing import Any
+
+from django_pgqueue.retry import RetryPolicy
+from django_pgqueue.worker.claimed import ClaimedTask
+
+# The labels of the outcomes counter (metrics, logs and the executions history).
+SUCCESS = "success"
+FAILURE = "failure"
+TIMEOUT = "timeout"
+LOST = "lost"
+CANCELLED = "cancelled"
+CONTINUED = "continued"
+SNOOZED = "snoozed"
+RELEASED = "released"
+
+# A task released at shutdown becomes due this long after the release commits. The
+# releasing process exits as soon as the release is written (its handler threads die
+# with it), well inside this margin: the next run never overlaps the released one.
+RELEASE_DELAY = 1.0
+
+# Error text is stored in jsonb: no NUL, no lone surrogates, and a bounded size.
+MAX_MESSAGE = 10_000
+MAX_TRACEBACK = 50_000
+
+
+@dataclass
+class Outcome:
+    """What to write about one claimed task; the settler applies it, fenced."""
+
+    task: ClaimedTask
+    label: str
+    state: str
+    result: Any = None
+    error: dict[str, Any] | None = None
+    delay: float | None = None
+    attempt_reset: bool = False
+    attempt_refund: bool = False
+    checkpoint: Any = None
+    save_checkpoint: bool = False
+    runtime: float | None = None
+
+    def as_row(self) -> dict[str, Any]:
+        t = self.task
+        return {
+            "id": t.id,
+            "attempt": t.attempt,
+            "token": t.lease_token,
+            "label": self.label,
+            "state": self.state,
+            "result": self.result,
+            "error": self.error,
+            "delay": self.delay,
+            "attempt_reset": self.attempt_reset,
+            "attempt_refund": self.attempt_refund,
+            "checkpoint": self.checkpoint,
+            "save_checkpoint": self.save_checkpoint,
+        }
+
+
+def clean_text(text: str, limit: int) -> str:
+    """Text that PostgreSQL's jsonb can store: NUL and lone surrogates escaped, size capped."""
+    if "\x00" in text:
+        text = text.replace("\x00", "\\x00")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        text = text.encode("utf-8", "backslashreplace").decode("utf-8")
+    if len(text) > limit:
+        text = text[:limit] + f"... [{len(text) - limit} characters cut]"
+    return text
+
+
+def error_entry(task: ClaimedTask, exc: BaseException, kind: str | None = None) -> dict[str, Any]:
+    try:
+        message = str(exc)
+    except Exception as broken:  # a __str__ that raises must not lose the outcome
+        message = f"<str() of the exception raised {type(broken).__name__}>"
+    return {
+        "attempt": task.attempt,
+        "type": clean_text(kind or f"{type(exc).__module__}.{type(exc).__qualname__}", 500),
+        "message": clean_text(message, MAX_MESSAGE),
+        "traceback": clean_text("".join(traceback.format_exception(exc)), MAX_TRACEBACK),
+    }
+
+
+def plain_error(task: ClaimedTask, kind: str, message: str) -> dict[str, Any]:
+    return {"attempt": task.attempt, "type": kind, "message": message, "traceback": None}
+
+
+def succeeded(task: ClaimedTask, result: Any, runtime: float | None) -> Outcome:
+    return Outcome(task, SUCCESS, "succeeded", result=result, runtime=runtime)
+
+
+def failed(
+    task: ClaimedTask,
+    error: dict[str, Any],
+    label: str = FAILURE,
+    retry_delay: float | None = None,
+    retryable: bool = True,
+) -> Outcome:
+    """A failed attempt: back to pending after the backoff, or dead-lettered if spent."""
+    error = {**error, "outcome": label}
+    if retryable and task.attempt < task.max_attempts:
+        if retry_delay is None:
+            retry_delay = RetryPolicy.from_value(task.retry_policy or {}).delay(task.attempt)
+        return Outcome(task, label, "pending", error=error, delay=retry_delay)
+    return Outcome(task, label, "failed", error=error)
+
+
+def unrunnable(task: ClaimedTask, kind: str, message: str) -> Outcome:
+    """The stored call or the returned value can never work: fail now, no retry."""
+    return failed(task, plain_error(task, kind, message), retryable=False)
+
+
+def snoozed(task: ClaimedTask, delay: float) -> Outcome:
+    return Outcome(task, SNOOZED, "pending", delay=delay, attempt_refund=True)
+
+
+def continued(task: ClaimedTask, checkpoint: Any, save: bool) -> Outcome:
+    return Outcome(
+        task,
+        CONTINUED,
+        "pending",
+        delay=0,
+        attempt_reset=True,
+        checkpoint=checkpoint,
+        save_checkpoint=save,
+    )
+
+
+def cancelled(task: ClaimedTask, error: dict[str, Any]) -> Outcome:
+    return Outcome(task, CANCELLED, "cancelled", error={**error, "outcome": CANCELLED})
+
+
+def killed_on_cancel(task: ClaimedTask) -> Outcome:
+    return cancelled(
+        task,
+        plain_error(
+            task,
+            "Cancelled",
+            "cancelled with hard=True: the handler's process was killed",
+        ),
+    )
+
+
+def timed_out(task: ClaimedTask, message: str) -> Outcome:
+    return failed(task, plain_error(task, "TimeoutError", message), label=TIMEOUT)
+
+
+def released(task: ClaimedTask) -> Outcome:
+    """Shutdown gave up on a running handler: hand the task back, attempt not refunded.
+
+    On the final attempt there is nothing to hand back to; the task dead-letters with an
+    error saying why, so the dead letter is never unexplained.
+    """
+    if task.attempt >= task.max_attempts:
+        error = plain_error(
+            task, "WorkerShutdown", "the worker shut down while the final attempt was running"
+        )
+        return Outcome(task, RELEASED, "failed", error={**error, "outcome": RELEASED})
+    return Outcome(task, RELEASED, "pending", delay=RELEASE_DELAY)
