@@ -42,6 +42,12 @@ from django_pgqueue.registry import registry
 
 JSON_DISPLAY_LIMIT = 100_000  # characters of a payload shown on the detail page
 EMPTY = "-"
+# Who wrote an executions entry (the settle, the lease sweep, or a refused late run).
+_EXECUTION_SOURCES = {
+    "settle": "settlement",
+    "sweep": "lease expired",
+    "late": "late (outcome refused)",
+}
 
 STATE_COLOURS = {
     TaskState.PENDING: "#417690",
@@ -307,7 +313,15 @@ class TaskAdmin(admin.ModelAdmin):
         ("Payload and result", {"fields": ("args_display", "kwargs_display", "result_display")}),
         (
             "Attempts",
-            {"fields": ("attempts", "timeout", "retry_policy_display", "errors_display")},
+            {
+                "fields": (
+                    "attempts",
+                    "timeout",
+                    "retry_policy_display",
+                    "executions_display",
+                    "errors_display",
+                )
+            },
         ),
         (
             "Lease",
@@ -435,6 +449,36 @@ class TaskAdmin(admin.ModelAdmin):
             else f"expired {humanize_seconds(-left)} ago"
         )
         return format_html("{} ({})", obj.lease_expires_at.isoformat(timespec="seconds"), note)
+
+    @admin.display(description="executions (every run)")
+    def executions_display(self, obj: Task) -> str:
+        """One row per run: settled, recovered by the lease sweep, or refused as late."""
+        if not obj.executions:
+            return EMPTY
+        rows = [
+            (
+                entry.get("attempt", "?"),
+                entry.get("worker") or "",
+                entry.get("started") or "",
+                entry.get("ended") or "",
+                entry.get("outcome") or "",
+                entry.get("state") or "",
+                _EXECUTION_SOURCES.get(entry.get("source"), entry.get("source") or ""),
+                (entry.get("token") or "")[:8],
+            )
+            for entry in obj.executions
+        ]
+        return format_html(
+            '<table class="pgqueue-executions"><thead><tr><th>attempt</th><th>worker</th>'
+            "<th>started</th><th>ended</th><th>outcome</th><th>state after</th>"
+            "<th>recorded by</th><th>lease</th></tr></thead><tbody>{}</tbody></table>",
+            format_html_join(
+                "",
+                "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td>"
+                "<td>{}</td><td><code>{}</code></td></tr>",
+                rows,
+            ),
+        )
 
     @admin.display(description="errors (every attempt)")
     def errors_display(self, obj: Task) -> str:

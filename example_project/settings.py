@@ -77,7 +77,18 @@ PGQUEUE = {
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
-    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
-    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "filters": {"pgqueue": {"()": "django_pgqueue.worker.logging.ExecutionFilter"}},
+    "formatters": {
+        "plain": {
+            "format": "%(asctime)s %(levelname)s %(name)s [%(pgqueue_execution)s]: %(message)s"
+        }
+    },
+    "handlers": {
+        "console": {
+            "class": "logging.StreamHandler",
+            "formatter": "plain",
+            "filters": ["pgqueue"],
+        }
+    },
     "loggers": {"django_pgqueue": {"handlers": ["console"], "level": "INFO"}},
 }

@@ -5,6 +5,7 @@ which attempts ran, where, and when.
 """
 
 import asyncio
+import logging
 import os
 import signal
 import time
@@ -153,3 +154,8 @@ def just_sleep(seconds: float) -> float:
 @task(max_attempts=1)
 def calls_sys_exit() -> None:
     raise SystemExit(3)
+
+
+@task
+def logs_a_line() -> None:
+    logging.getLogger("tests.tasks").info("hello from the handler")

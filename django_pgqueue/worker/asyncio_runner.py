@@ -9,6 +9,8 @@ from typing import Any
 from asgiref.sync import sync_to_async
 from django.db import close_old_connections
 
+from django_pgqueue.worker.logging import current_lease
+
 
 class AsyncRunner:
     def __init__(self) -> None:
@@ -19,7 +21,10 @@ class AsyncRunner:
         self._thread.start()
 
     def run(self, coro: Any, timeout: float | None) -> Any:
+        lease = current_lease.get()  # the caller's execution, for the handler's log lines
+
         async def bounded() -> Any:
+            current_lease.set(lease)
             # Async handlers reach the ORM through sync_to_async, whose connections
             # live in asgiref's thread: recycle those like a request would.
             await sync_to_async(close_old_connections)()

@@ -29,6 +29,7 @@ from django_pgqueue.registry import TaskDefinition, registry
 from django_pgqueue.worker import outcomes
 from django_pgqueue.worker.asyncio_runner import AsyncRunner
 from django_pgqueue.worker.claimed import ClaimedTask
+from django_pgqueue.worker.logging import current_lease
 from django_pgqueue.worker.outcomes import Outcome
 
 logger = logging.getLogger("django_pgqueue.worker")
@@ -54,7 +55,18 @@ def make_context(task: ClaimedTask, database: str) -> TaskContext:
 
 
 def execute(task: ClaimedTask, database: str, async_runner: AsyncRunner | None) -> Outcome:
-    """Run the handler of ``task`` and return the outcome to settle. Never raises."""
+    """Run the handler of ``task`` and return the outcome to settle. Never raises.
+
+    While it runs, log records name this execution (``logging.ExecutionFilter``).
+    """
+    marker = current_lease.set(task.lease)
+    try:
+        return _execute(task, database, async_runner)
+    finally:
+        current_lease.reset(marker)
+
+
+def _execute(task: ClaimedTask, database: str, async_runner: AsyncRunner | None) -> Outcome:
     try:
         definition = registry.get(task.task_name)
     except TaskNotRegistered as exc:  # the claim filters on routes; defensive only
