@@ -15,12 +15,15 @@ from django.utils import timezone
 
 from django_pgqueue.conf import get_settings
 from django_pgqueue.exceptions import InvalidTaskError
-from django_pgqueue.payload import check_json, dumps
+from django_pgqueue.payload import check_json, check_text, dumps
 from django_pgqueue.registry import Call
 from django_pgqueue.sql import QUERIES
 
 if TYPE_CHECKING:
     from django_pgqueue.registry import TaskDefinition
+
+
+UNIQUE_KEY_MAX_LENGTH = 255  # the unique_key column
 
 
 def database_alias() -> str:
@@ -35,14 +38,9 @@ def build_row(definition: TaskDefinition, args: Any, kwargs: Any) -> dict[str, A
     checked_args = check_json(list(args), "args")
     checked_kwargs = check_json(kwargs, "kwargs")
     run_at = _check_run_at(opts.run_at)
-    unique_key = opts.unique_key
-    if unique_key is not None and (not isinstance(unique_key, str) or not unique_key):
-        raise InvalidTaskError(f"unique_key must be a non-empty string, not {unique_key!r}")
-    if unique_key is not None and len(unique_key) > 255:
-        raise InvalidTaskError("unique_key must be at most 255 characters")
+    unique_key = _check_unique_key(opts.unique_key)
     metadata = check_json({**_trace_context(), **opts.metadata}, "metadata")
     backoff = opts.backoff or definition.backoff
-    timeout = opts.timeout if opts.timeout is not None else definition.timeout
     return {
         "id": None,
         "queue": opts.queue or definition.queue,
@@ -55,7 +53,7 @@ def build_row(definition: TaskDefinition, args: Any, kwargs: Any) -> dict[str, A
         "delay": opts.delay,
         "max_attempts": opts.max_attempts or definition.max_attempts,
         "retry_policy": dumps(backoff.as_dict()),
-        "timeout": timeout,
+        "timeout": definition.call_timeout,
         "unique_key": unique_key,
         "metadata": dumps(metadata),
     }
@@ -93,6 +91,21 @@ def _check_run_at(run_at: Any) -> datetime | None:
             "pass an aware datetime (e.g. django.utils.timezone.now() + timedelta(...))"
         )
     return run_at
+
+
+def _check_unique_key(unique_key: Any) -> str | None:
+    if unique_key is None:
+        return None
+    if not isinstance(unique_key, str):
+        raise InvalidTaskError(
+            f"unique_key must be a non-empty string, not a {type(unique_key).__name__}"
+        )
+    if not 1 <= len(unique_key) <= UNIQUE_KEY_MAX_LENGTH:
+        raise InvalidTaskError(
+            f"unique_key must be a non-empty string of at most {UNIQUE_KEY_MAX_LENGTH} "
+            f"characters, not one of {len(unique_key)}"
+        )
+    return check_text(unique_key, "unique_key")
 
 
 def _insert(alias: str, row: dict[str, Any]) -> tuple[int, datetime]:
@@ -163,7 +176,7 @@ def enqueue_many(definition: TaskDefinition, calls: Iterable[Any]) -> list[int]:
     for index, item in enumerate(calls):
         args, kwargs = _split_call(item)
         try:
-            args_list.append(_checked_args(args))
+            args_list.append(check_json(args, "args"))
             kwargs_list.append(check_json(kwargs, "kwargs") if kwargs else _EMPTY)
         except InvalidTaskError as exc:
             raise InvalidTaskError(f"item {index}: {exc}") from exc
@@ -180,13 +193,3 @@ def enqueue_many(definition: TaskDefinition, calls: Iterable[Any]) -> list[int]:
 
 
 _EMPTY: dict[str, Any] = {}
-_PLAIN = (int, str, bool, type(None))
-
-
-def _checked_args(args: tuple[Any, ...]) -> list[Any]:
-    # Fast path for the common case (a few ints and strings); anything else gets the
-    # full check, which also names the offending position.
-    for value in args:
-        if type(value) not in _PLAIN or (type(value) is str and "\x00" in value):
-            return check_json(list(args), "args")
-    return list(args)

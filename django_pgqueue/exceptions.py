@@ -2,7 +2,24 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
+
+# The longest delay a handler may ask for (ten years; as retry.MAX_SECONDS).
+_MAX_DELAY = 10 * 365 * 24 * 3600.0
+
+
+def _check_delay(delay: Any, what: str) -> None:
+    if (
+        isinstance(delay, bool)
+        or not isinstance(delay, int | float)
+        or not math.isfinite(delay)
+        or not 0 <= delay <= _MAX_DELAY
+    ):
+        raise ValueError(
+            f"{what} delay must be a number of seconds between 0 and {_MAX_DELAY:.0f} "
+            f"(ten years), not {delay!r}"
+        )
 
 
 class PgQueueError(Exception):
@@ -33,6 +50,8 @@ class Retry(HandlerSignal):
     """Retry this task (counts as a failed attempt); ``delay`` overrides the backoff."""
 
     def __init__(self, delay: float | None = None, reason: str = "") -> None:
+        if delay is not None:
+            _check_delay(delay, "Retry")
         self.delay = delay
         self.reason = reason
         super().__init__(reason or f"retry requested (delay={delay})")
@@ -42,8 +61,7 @@ class Snooze(HandlerSignal):
     """Run this task again after ``delay`` seconds; not a failure, burns no attempt."""
 
     def __init__(self, delay: float) -> None:
-        if delay < 0:
-            raise ValueError("Snooze delay must be >= 0 seconds")
+        _check_delay(delay, "Snooze")
         self.delay = delay
         super().__init__(f"snoozed for {delay}s")
 

@@ -6,10 +6,11 @@ Two sources, served by two kinds of process (docs/metrics.md lists every metric)
   run time, queue wait) and serves them on its own ``/metrics``
   (``runtaskworker --metrics-port``): ``serve_worker_metrics`` and ``watch_worker``.
 * ``QueueCollector`` reads the queue from the database (pending, unroutable,
-  scheduled, running, waiting and dead tasks by queue and task name; oldest due age,
-  live workers and slots by queue). With ``PGQUEUE["QUEUE_METRICS"]`` (the default)
-  the app registers it in prometheus_client's default registry at startup, which is
-  what django-prometheus serves from the web process. A worker serves it too only with
+  scheduled, running, waiting and dead tasks by queue and task name; the ages of the
+  oldest due task and of the oldest running attempt, live workers and slots by queue).
+  With ``PGQUEUE["QUEUE_METRICS"]`` (the default) the app registers it in
+  prometheus_client's default registry at startup, which is what django-prometheus
+  serves from the web process. A worker serves it too only with
   ``PGQUEUE["WORKER_QUEUE_METRICS"]``. Scrapes cannot hammer the database: the
   collector reads at most once per ``METRICS_CACHE_SECONDS`` (concurrent scrapes share
   one read), through the index-backed ``queue_overview`` and ``queue_capacity``
@@ -192,6 +193,12 @@ _QUEUE_GAUGES = (
         "pgqueue_queue_oldest_due_seconds",
         "Age of the oldest due task of the queue (0 when nothing is due)",
     ),
+    (
+        "oldest_running_seconds",
+        "pgqueue_queue_oldest_running_seconds",
+        "Age of the oldest running attempt of the queue, since its claim (0 when nothing "
+        "runs); a handler hung past its timeout keeps growing it",
+    ),
     ("workers", "pgqueue_queue_workers", "Live workers serving the queue"),
     ("slots", "pgqueue_queue_slots", "Handler slots of the live workers serving the queue"),
 )
@@ -275,6 +282,10 @@ def queue_metric_families(
         for key, name, documentation in _TASK_GAUGES
     }
     queue_values: dict[str, dict[str, float]] = {}
+
+    def per_queue_values(queue: str) -> dict[str, float]:
+        return queue_values.setdefault(queue, {key: 0 for key, _name, _doc in _QUEUE_GAUGES})
+
     for row in overview:
         labels = [row["queue"], row["task_name"]]
         values = {
@@ -283,16 +294,11 @@ def queue_metric_families(
         }
         for key, family in task_families.items():
             family.add_metric(labels, values[key])
-        per_queue = queue_values.setdefault(
-            row["queue"], {"oldest_due_seconds": 0.0, "workers": 0, "slots": 0}
-        )
-        per_queue["oldest_due_seconds"] = max(
-            per_queue["oldest_due_seconds"], row["oldest_due_seconds"] or 0.0
-        )
+        per_queue = per_queue_values(row["queue"])
+        for age in ("oldest_due_seconds", "oldest_running_seconds"):
+            per_queue[age] = max(per_queue[age], row[age] or 0.0)
     for row in capacity:
-        per_queue = queue_values.setdefault(
-            row["queue"], {"oldest_due_seconds": 0.0, "workers": 0, "slots": 0}
-        )
+        per_queue = per_queue_values(row["queue"])
         per_queue["workers"] = row["workers"]
         per_queue["slots"] = row["slots"]
     queue_families = []

@@ -1,10 +1,19 @@
 """JSON payloads: what may go into args, kwargs, results and checkpoints.
 
 Only JSON, never pickle: a row must not be able to make a worker run code. The check
-is stricter than ``json.dumps``: it refuses what PostgreSQL's jsonb would reject or
-silently change, so the caller gets a clear error at enqueue instead of a surprise
-later: NaN and infinities, NUL characters, non-string dict keys (json.dumps would turn
-``{1: x}`` into ``{"1": x}``), and any type JSON has no word for.
+is stricter than ``json.dumps``: it refuses what PostgreSQL would reject or silently
+change, so the caller gets a clear error before any SQL runs instead of a database
+error (which, inside ``atomic()``, would also break the caller's transaction):
+
+- NaN and infinities (jsonb has no word for them);
+- strings with a NUL character or a lone surrogate (neither can be stored as UTF-8);
+- ints of more than ``INT_DIGITS_MAX`` digits (Python refuses to print ints past
+  ~4,300 digits, and such numbers are data, better stored as strings);
+- non-string dict keys (json.dumps would turn ``{1: x}`` into ``{"1": x}``);
+- anything JSON has no word for.
+
+The common case (a few ints and strings) must stay cheap: enqueue checks every call.
+So the path of a bad value ("args[0]['when']") is built only when one is found.
 """
 
 from __future__ import annotations
@@ -16,58 +25,176 @@ from typing import Any
 from django_pgqueue.exceptions import InvalidTaskError
 
 _MAX_DEPTH = 100
+INT_DIGITS_MAX = 1000
+_INT_BOUND = 10**INT_DIGITS_MAX
+_SEQUENCES = (list, tuple)
 
 
 def check_json(value: Any, where: str) -> Any:
     """Return ``value`` with tuples turned into lists, or raise InvalidTaskError.
 
-    ``where`` names the value in the error ("args[0]", "kwargs['when']", "result").
+    ``where`` names the value in the error ("args", "kwargs", "result").
     """
-    return _check(value, where, 0)
+    if type(value) in _SEQUENCES and _all_plain(value):  # the common case, first
+        return list(value)
+    try:
+        return _check(value, 0)
+    except _Refused as exc:
+        path = where + "".join(reversed(exc.steps))
+        raise InvalidTaskError(f"{path}: {exc.reason}") from None
 
 
-def _check(value: Any, path: str, depth: int) -> Any:
-    if depth > _MAX_DEPTH:
-        raise InvalidTaskError(f"{path}: nested deeper than {_MAX_DEPTH} levels")
+def check_text(value: str, where: str) -> str:
+    """Return ``value`` if PostgreSQL can store it as text, or raise InvalidTaskError."""
+    problem = _text_problem(value)
+    if problem is not None:
+        raise InvalidTaskError(f"{where}: {problem}")
+    return value
+
+
+def check_stored_call(args: Any, kwargs: Any) -> str | None:
+    """Why a stored row's ``args`` / ``kwargs`` cannot be spread into a call, or None.
+
+    Enqueue always writes a JSON array and a JSON object; anything else was written by
+    hand or by an old version. The worker fails such a row at once, without retry:
+    running it again cannot help.
+    """
+    if not isinstance(args, list):
+        return (
+            f"the stored args are a JSON {_json_kind(args)}, not an array: this row was "
+            "written by hand or by an old version; it cannot be run"
+        )
+    if not isinstance(kwargs, dict):
+        return (
+            f"the stored kwargs are a JSON {_json_kind(kwargs)}, not an object: this row "
+            "was written by hand or by an old version; it cannot be run"
+        )
+    for key in kwargs:
+        if not isinstance(key, str):
+            return (
+                f"the stored kwargs have the key {short_repr(key)}, which is not a string: "
+                "this row cannot be run"
+            )
+    return None
+
+
+class _Refused(Exception):
+    """A bad value deep inside a payload; each level adds its step to the path on the
+    way out, so a good payload never pays for formatting paths."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.steps: list[str] = []
+
+
+def _check(value: Any, depth: int) -> Any:
+    if isinstance(value, str):
+        problem = _text_problem(value)
+        if problem is not None:
+            raise _Refused(problem)
+        return value
     if value is None or isinstance(value, bool):
         return value
     if isinstance(value, int):
-        return value
+        if -_INT_BOUND < value < _INT_BOUND:
+            return value
+        raise _Refused(
+            f"an int of {value.bit_length()} bits is longer than {INT_DIGITS_MAX} digits; "
+            "pass numbers that large as strings"
+        )
     if isinstance(value, float):
         if not math.isfinite(value):
-            raise InvalidTaskError(
-                f"{path}: {value!r} is not valid JSON (jsonb has no NaN or Infinity)"
-            )
+            raise _Refused(f"{value!r} is not valid JSON (jsonb has no NaN or Infinity)")
         return value
-    if isinstance(value, str):
-        if "\x00" in value:
-            raise InvalidTaskError(
-                f"{path}: strings must not contain NUL characters (\\u0000); "
-                "PostgreSQL's jsonb cannot store them"
-            )
-        return value
+    if depth >= _MAX_DEPTH:
+        raise _Refused(f"nested deeper than {_MAX_DEPTH} levels")
     if isinstance(value, list | tuple):
-        return [_check(item, f"{path}[{i}]", depth + 1) for i, item in enumerate(value)]
+        if _all_plain(value):
+            return list(value)
+        checked_items = []
+        for index, item in enumerate(value):
+            try:
+                checked_items.append(_check(item, depth + 1))
+            except _Refused as exc:
+                exc.steps.append(f"[{index}]")
+                raise
+        return checked_items
     if isinstance(value, dict):
         checked = {}
         for key, item in value.items():
             if not isinstance(key, str):
-                raise InvalidTaskError(
-                    f"{path}: dict key {key!r} is a {type(key).__name__}; JSON object keys "
+                raise _Refused(
+                    f"dict key {short_repr(key)} is a {type(key).__name__}; JSON object keys "
                     "must be strings (convert it yourself so the round trip is explicit)"
                 )
-            checked[_check(key, f"{path} key", depth + 1)] = _check(
-                item, f"{path}[{key!r}]", depth + 1
-            )
+            problem = _text_problem(key)
+            if problem is not None:
+                raise _Refused(f"dict key {short_repr(key)}: {problem}")
+            try:
+                checked[key] = _check(item, depth + 1)
+            except _Refused as exc:
+                exc.steps.append(f"[{key!r}]")
+                raise
         return checked
-    raise InvalidTaskError(
-        f"{path}: {type(value).__name__} {_short(value)} is not JSON serializable; pass "
+    raise _Refused(
+        f"{type(value).__name__} {short_repr(value)} is not JSON serializable; pass "
         "plain JSON values (str, int, float, bool, None, list, dict), e.g. an id or an "
         "ISO-8601 string instead of a model instance or a datetime"
     )
 
 
-def _short(value: Any) -> str:
+def _all_plain(items: list[Any] | tuple[Any, ...]) -> bool:
+    """True when every item is None, a bool, an int in range or ASCII text without NUL:
+    the common case, checked without a call per item."""
+    for item in items:
+        kind = type(item)
+        if kind is str:
+            if not item.isascii() or "\x00" in item:
+                return False
+        elif kind is int:
+            if not -_INT_BOUND < item < _INT_BOUND:
+                return False
+        elif item is not None and kind is not bool:
+            return False
+    return True
+
+
+def _text_problem(text: str) -> str | None:
+    if "\x00" in text:
+        return "strings must not contain NUL characters (\\u0000); PostgreSQL cannot store them"
+    if not text.isascii():  # isascii() is O(1); only non-ASCII text can hold a surrogate
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            return (
+                f"the string has a lone surrogate {text[exc.start]!r} at index {exc.start}, "
+                "which is not valid UTF-8 and cannot be stored; decode the source bytes "
+                "with a real encoding (not errors='surrogateescape')"
+            )
+    return None
+
+
+def _json_kind(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, int | float):
+        return "number"
+    if isinstance(value, str):
+        return "string"
+    if isinstance(value, dict):
+        return "object"
+    if isinstance(value, list):
+        return "array"
+    return type(value).__name__
+
+
+def short_repr(value: Any) -> str:
+    """``repr(value)`` cut to 60 characters, for error messages; safe for huge ints."""
+    if isinstance(value, int) and value.bit_length() > 64:
+        return f"an int of {value.bit_length()} bits"  # repr() may refuse to print it
     text = repr(value)
     return text if len(text) <= 60 else text[:57] + "..."
 

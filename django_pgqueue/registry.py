@@ -18,10 +18,26 @@ from django.core.exceptions import ImproperlyConfigured
 
 from django_pgqueue.conf import get_settings
 from django_pgqueue.exceptions import InvalidTaskError, TaskNotRegistered
-from django_pgqueue.retry import RetryPolicy
+from django_pgqueue.payload import check_text, short_repr
+from django_pgqueue.retry import MAX_SECONDS, RetryPolicy
 
-QUEUE_NAME = re.compile(r"^[A-Za-z0-9_.:-]{1,100}$")
+QUEUE_NAME = re.compile(r"[A-Za-z0-9_.:-]{1,100}")
+TASK_NAME_MAX_LENGTH = 255  # the task_name column
 PRIORITY_MIN, PRIORITY_MAX = -100, 100
+# max_attempts is an int column; a million claims is already far past any real need.
+MAX_ATTEMPTS_LIMIT = 1_000_000
+VERSION_MAX = 2**31 - 1  # handler_version is an int column
+
+
+class _TaskDefault:
+    """The value of an option left out, told apart from one passed as ``None``."""
+
+    def __repr__(self) -> str:
+        return "<the task's default>"
+
+
+# timeout=None means "no ceiling"; leaving timeout out means "the default ceiling".
+_TASK_DEFAULT: Any = _TaskDefault()
 
 # using() accepts exactly these; anything else is a clear TypeError.
 OPTION_NAMES = (
@@ -39,9 +55,9 @@ OPTION_NAMES = (
 
 
 def validate_queue(queue: Any) -> str:
-    if not isinstance(queue, str) or not QUEUE_NAME.match(queue):
+    if not isinstance(queue, str) or not QUEUE_NAME.fullmatch(queue):
         raise InvalidTaskError(
-            f"queue {queue!r} is not a valid queue name: use 1-100 letters, digits, "
+            f"queue {short_repr(queue)} is not a valid queue name: use 1-100 letters, digits, "
             "'_', '.', ':' or '-'"
         )
     return queue
@@ -49,26 +65,55 @@ def validate_queue(queue: Any) -> str:
 
 def validate_priority(priority: Any) -> int:
     if isinstance(priority, bool) or not isinstance(priority, int):
-        raise InvalidTaskError(f"priority must be an int, not {priority!r}")
+        raise InvalidTaskError(f"priority must be an int, not {short_repr(priority)}")
     if not PRIORITY_MIN <= priority <= PRIORITY_MAX:
         raise InvalidTaskError(
-            f"priority {priority} is out of range: use {PRIORITY_MIN}..{PRIORITY_MAX} "
+            f"priority {short_repr(priority)} is out of range: use {PRIORITY_MIN}..{PRIORITY_MAX} "
             "(higher runs first)"
         )
     return priority
 
 
+def validate_task_name(name: Any) -> str:
+    if not isinstance(name, str) or not 1 <= len(name) <= TASK_NAME_MAX_LENGTH:
+        raise InvalidTaskError(
+            f"task name must be a non-empty string of at most {TASK_NAME_MAX_LENGTH} "
+            f"characters, not {short_repr(name)}; leave name out to use the function's dotted path"
+        )
+    return check_text(name, "task name")
+
+
 def validate_max_attempts(value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise InvalidTaskError(f"max_attempts must be an int >= 1, not {value!r}")
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int)
+        or not 1 <= value <= MAX_ATTEMPTS_LIMIT
+    ):
+        raise InvalidTaskError(
+            f"max_attempts must be an int >= 1 and at most {MAX_ATTEMPTS_LIMIT:,}, "
+            f"not {short_repr(value)}"
+        )
     return value
 
 
 def validate_timeout(value: Any) -> float | None:
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
-        raise InvalidTaskError(f"timeout must be a number of seconds > 0 or None, not {value!r}")
+    # A range, not "> 0": NaN is never in range, and huge ints fail before float().
+    if not _is_number(value) or not 0 < value <= MAX_SECONDS:
+        raise InvalidTaskError(
+            f"timeout must be a number of seconds > 0 and at most {MAX_SECONDS:.0f} "
+            f"(10 years), or None for no ceiling; not {short_repr(value)}"
+        )
+    return float(value)
+
+
+def validate_delay(value: Any) -> float:
+    if not _is_number(value) or not 0 <= value <= MAX_SECONDS:
+        raise InvalidTaskError(
+            f"delay must be a number of seconds >= 0 and at most {MAX_SECONDS:.0f} "
+            f"(10 years), not {short_repr(value)}"
+        )
     return float(value)
 
 
@@ -79,9 +124,14 @@ def validate_backoff(value: Any) -> RetryPolicy:
         raise InvalidTaskError(f"invalid backoff: {exc}") from exc
 
 
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
 @dataclass(frozen=True)
 class EnqueueOptions:
-    """Per-call options; ``None`` means "the task's default"."""
+    """Per-call options; ``None`` means "the task's default", except for ``timeout``,
+    where ``None`` means "no ceiling" and only an omitted timeout means the task's."""
 
     queue: str | None = None
     priority: int | None = None
@@ -89,7 +139,7 @@ class EnqueueOptions:
     delay: float | None = None
     unique_key: str | None = None
     max_attempts: int | None = None
-    timeout: float | None = None
+    timeout: float | None = _TASK_DEFAULT
     backoff: RetryPolicy | None = None
     metadata: dict[str, Any] = field(default_factory=dict)
     commit_alias: str | None = None
@@ -119,6 +169,13 @@ class TaskDefinition:
         """The key a worker claims by: ``name@version``."""
         return f"{self.name}@{self.version}"
 
+    @property
+    def call_timeout(self) -> float | None:
+        """The ceiling of this call: ``using(timeout=...)`` if given, else the task's."""
+        if self.options.timeout is _TASK_DEFAULT:
+            return self.timeout
+        return self.options.timeout
+
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self.func(*args, **kwargs)
 
@@ -140,10 +197,8 @@ class TaskDefinition:
             options["timeout"] = validate_timeout(options["timeout"])
         if "backoff" in options:
             options["backoff"] = validate_backoff(options["backoff"])
-        if "delay" in options and not _is_seconds(options["delay"]):
-            raise InvalidTaskError(
-                f"delay must be a number of seconds >= 0, not {options['delay']!r}"
-            )
+        if "delay" in options:
+            options["delay"] = validate_delay(options["delay"])
         if "metadata" in options and not isinstance(options["metadata"], dict):
             raise InvalidTaskError("metadata must be a dict of JSON values")
         merged = replace(self.options, **options)
@@ -172,10 +227,6 @@ class TaskDefinition:
         from django_pgqueue.enqueue import enqueue_many
 
         return enqueue_many(self, calls)
-
-
-def _is_seconds(value: Any) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool) and value >= 0
 
 
 @dataclass(frozen=True)
@@ -249,7 +300,7 @@ def task(
     priority: int | None = None,
     max_attempts: int | None = None,
     backoff: Any = None,
-    timeout: float | None = None,
+    timeout: float | None = _TASK_DEFAULT,
     version: int = 1,
     takes_context: bool = False,
 ) -> Callable[[Callable[..., Any]], TaskDefinition]: ...
@@ -264,34 +315,44 @@ def task(
     priority: int | None = None,
     max_attempts: int | None = None,
     backoff: Any = None,
-    timeout: float | None = None,
+    timeout: float | None = _TASK_DEFAULT,
     version: int = 1,
     takes_context: bool = False,
 ) -> Any:
     """Register a function as a task: ``@task`` or ``@task(queue="emails", ...)``.
 
-    ``name`` defaults to the function's dotted path. ``version`` is the handler
-    version: a worker only claims the (name, version) pairs it has registered. With
-    ``takes_context=True`` the function receives a TaskContext as its first argument.
+    ``name`` defaults to the function's dotted path. ``timeout`` defaults to
+    PGQUEUE["DEFAULT_TIMEOUT"]; ``timeout=None`` means no ceiling. ``version`` is the
+    handler version: a worker only claims the (name, version) pairs it has registered.
+    With ``takes_context=True`` the function receives a TaskContext as its first argument.
     """
 
     def decorate(fn: Callable[..., Any]) -> TaskDefinition:
         conf = get_settings()
-        if isinstance(version, bool) or not isinstance(version, int) or version < 0:
-            raise ImproperlyConfigured(f"task version must be an int >= 0, not {version!r}")
-        definition = TaskDefinition(
-            func=fn,
-            name=name or _origin(fn),
-            queue=validate_queue(queue or conf.DEFAULT_QUEUE),
-            priority=validate_priority(conf.DEFAULT_PRIORITY if priority is None else priority),
-            max_attempts=validate_max_attempts(
-                conf.DEFAULT_MAX_ATTEMPTS if max_attempts is None else max_attempts
-            ),
-            backoff=validate_backoff(conf.DEFAULT_BACKOFF if backoff is None else backoff),
-            timeout=validate_timeout(conf.DEFAULT_TIMEOUT if timeout is None else timeout),
-            version=version,
-            takes_context=takes_context,
-        )
+        if isinstance(version, bool) or not isinstance(version, int):
+            raise ImproperlyConfigured(f"task version must be an int, not {version!r}")
+        if not 0 <= version <= VERSION_MAX:
+            raise ImproperlyConfigured(
+                f"task version {short_repr(version)} is out of range: use 0..{VERSION_MAX}"
+            )
+        try:
+            definition = TaskDefinition(
+                func=fn,
+                name=validate_task_name(_origin(fn) if name is None else name),
+                queue=validate_queue(conf.DEFAULT_QUEUE if queue is None else queue),
+                priority=validate_priority(conf.DEFAULT_PRIORITY if priority is None else priority),
+                max_attempts=validate_max_attempts(
+                    conf.DEFAULT_MAX_ATTEMPTS if max_attempts is None else max_attempts
+                ),
+                backoff=validate_backoff(conf.DEFAULT_BACKOFF if backoff is None else backoff),
+                timeout=validate_timeout(
+                    conf.DEFAULT_TIMEOUT if timeout is _TASK_DEFAULT else timeout
+                ),
+                version=version,
+                takes_context=takes_context,
+            )
+        except InvalidTaskError as exc:
+            raise InvalidTaskError(f"@task on {_origin(fn)}: {exc}") from exc
         registry.register(definition)
         return definition
 

@@ -3,14 +3,19 @@
 from datetime import datetime, timedelta
 
 import pytest
+from django.conf import settings
 from django.db import connection, transaction
+from django.test import override_settings
 from django.utils import timezone
 
-from django_pgqueue import InvalidTaskError, call
+from django_pgqueue import InvalidTaskError, call, task
 from django_pgqueue.models import Task
+from django_pgqueue.registry import registry
 from tests import tasks
 
 pytestmark = pytest.mark.django_db
+
+ONE_HOUR = timedelta(hours=1)
 
 
 def test_enqueue_inserts_a_pending_row_with_the_task_defaults():
@@ -36,6 +41,46 @@ def test_using_overrides_queue_priority_attempts_timeout_and_backoff():
     assert row.timeout == timedelta(seconds=12)
     assert row.retry_policy == {"base": 3.0, "factor": 1.0, "cap": 3.0, "jitter": 0.0}
     assert row.kwargs == {"n": 1}
+
+
+def test_a_task_without_a_timeout_gets_the_default_ceiling_of_one_hour():
+    task_id = tasks.noop.enqueue(1)
+
+    assert Task.objects.get(pk=task_id).timeout == ONE_HOUR
+
+
+def test_timeout_none_on_the_task_means_no_ceiling_whatever_the_default():
+    with override_settings(PGQUEUE={**settings.PGQUEUE, "DEFAULT_TIMEOUT": 60}):
+        definition = task(name="tests.test_enqueue.unbounded", timeout=None)(lambda: None)
+    try:
+        task_id = definition.enqueue()
+    finally:
+        registry.unregister(definition.name)
+
+    assert Task.objects.get(pk=task_id).timeout is None
+
+
+def test_using_timeout_none_removes_the_tasks_ceiling_for_one_call():
+    task_id = tasks.async_too_slow.using(timeout=None).enqueue()  # @task(timeout=0.3)
+
+    assert Task.objects.get(pk=task_id).timeout is None
+
+
+def test_using_without_a_timeout_keeps_the_tasks_own():
+    task_id = tasks.async_too_slow.using(priority=5).enqueue()  # @task(timeout=0.3)
+
+    assert Task.objects.get(pk=task_id).timeout == timedelta(seconds=0.3)
+
+
+def test_default_timeout_none_in_settings_removes_the_default_ceiling():
+    with override_settings(PGQUEUE={**settings.PGQUEUE, "DEFAULT_TIMEOUT": None}):
+        definition = task(name="tests.test_enqueue.no_default_ceiling")(lambda: None)
+    try:
+        task_id = definition.enqueue()
+    finally:
+        registry.unregister(definition.name)
+
+    assert Task.objects.get(pk=task_id).timeout is None
 
 
 def test_delay_is_added_to_the_database_clock():

@@ -8,9 +8,9 @@ import time
 import pytest
 
 from django_pgqueue.sql import QUERIES
-from django_pgqueue.worker.outcomes import RELEASE_DELAY, SUCCESS, Outcome, released
 from django_pgqueue.worker.heartbeat import Heartbeat
 from django_pgqueue.worker.inflight import InFlight
+from django_pgqueue.worker.outcomes import RELEASE_DELAY, SUCCESS, Outcome, released
 from django_pgqueue.worker.settler import Settler
 from django_pgqueue.worker.stats import WorkerStats
 from tests import tasks

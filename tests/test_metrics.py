@@ -2,6 +2,7 @@
 
 import re
 import socket
+import time
 import urllib.request
 import uuid
 from datetime import timedelta
@@ -19,6 +20,7 @@ from django_pgqueue.models import Task, Worker
 from tests import tasks
 from tests.conftest import REPO, wait_until
 from tests.factories import TaskFactory
+from tests.testapp.models import Run
 
 
 def samples(text: str) -> dict[tuple, float]:
@@ -87,6 +89,41 @@ def test_the_queue_collector_exposes_oldest_due_age_and_slots_by_queue():
     assert values[("pgqueue_queue_oldest_due_seconds", ("queue", "emails"))] == 0
     assert values[("pgqueue_queue_slots", ("queue", "default"))] == 6
     assert values[("pgqueue_queue_workers", ("queue", "emails"))] == 1
+
+
+@pytest.mark.django_db
+def test_the_queue_collector_exposes_the_age_of_the_oldest_running_attempt_by_queue():
+    # Given two attempts running in "default", claimed 90 s and 20 s ago, none in "emails"
+    seed_queue()
+    for seconds in (90, 20):
+        TaskFactory(
+            state="running",
+            attempt=1,
+            lease_token=uuid.uuid4(),
+            lease_expires_at=timezone.now() + timedelta(seconds=30),
+            last_attempted_at=ago(seconds=seconds),
+        )
+
+    values = scrape_collector(QueueCollector(ttl=0))
+
+    # The database's now() is the test transaction's start, a moment before ago().
+    assert 85 <= values[("pgqueue_queue_oldest_running_seconds", ("queue", "default"))] < 150
+    assert values[("pgqueue_queue_oldest_running_seconds", ("queue", "emails"))] == 0
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_task_running_for_seconds_shows_that_age_since_its_claim(start_worker):
+    # Given a task that was due an hour ago, claimed by a worker and running for 2 s
+    task_id = tasks.sleep_and_record.enqueue(30)
+    Task.objects.filter(pk=task_id).update(run_at=ago(hours=1))
+    start_worker("--shutdown-grace", "0.5")
+    wait_until(lambda: Run.objects.filter(task_id=task_id).exists())
+    time.sleep(2)
+
+    values = scrape_collector(QueueCollector(ttl=0))
+
+    # Its age is the attempt's run time, not its wait in the queue.
+    assert 2 <= values[("pgqueue_queue_oldest_running_seconds", ("queue", "default"))] < 30
 
 
 @pytest.mark.django_db

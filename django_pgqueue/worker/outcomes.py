@@ -27,12 +27,16 @@ that lapsed is recovered as pending, or failed once the attempts are spent
 
 from __future__ import annotations
 
+import logging
 import traceback
 from dataclasses import dataclass
 from typing import Any
 
+from django_pgqueue.conf import get_settings
 from django_pgqueue.retry import RetryPolicy
 from django_pgqueue.worker.claimed import ClaimedTask
+
+logger = logging.getLogger("django_pgqueue.worker")
 
 # The labels of the outcomes counter (metrics, logs and the executions history).
 SUCCESS = "success"
@@ -133,9 +137,26 @@ def failed(
     error = {**error, "outcome": label}
     if retryable and task.attempt < task.max_attempts:
         if retry_delay is None:
-            retry_delay = RetryPolicy.from_value(task.retry_policy or {}).delay(task.attempt)
+            retry_delay = backoff(task)
         return Outcome(task, label, "pending", error=error, delay=retry_delay)
     return Outcome(task, label, "failed", error=error)
+
+
+def backoff(task: ClaimedTask) -> float:
+    """The delay before the next attempt, by the policy frozen on the row at enqueue.
+
+    A policy the row cannot express (written by hand or by an old version) falls back to
+    the current default, with a warning: a bad row must never lose its outcome.
+    """
+    try:
+        return RetryPolicy.from_value(task.retry_policy or {}).delay(task.attempt)
+    except (TypeError, ValueError) as exc:
+        logger.warning(
+            "%s: the stored retry policy is invalid (%s); using DEFAULT_BACKOFF",
+            task.log_prefix(),
+            exc,
+        )
+        return RetryPolicy.from_value(get_settings().DEFAULT_BACKOFF).delay(task.attempt)
 
 
 def unrunnable(task: ClaimedTask, kind: str, message: str) -> Outcome:

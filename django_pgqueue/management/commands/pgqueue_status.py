@@ -20,6 +20,7 @@ COLUMNS = (
     ("waiting", "waiting"),
     ("dead", "failed"),
     ("oldest due", "oldest_due_seconds"),
+    ("oldest running", "oldest_running_seconds"),
     ("done 5m", "completed_5m"),
     ("done 1h", "completed_1h"),
     ("failed 5m", "failed_5m"),
@@ -106,7 +107,7 @@ def render_table(snapshot: dict[str, Any]) -> str:
 
 
 def _cell(row: dict[str, Any], key: str) -> str:
-    if key == "oldest_due_seconds":
+    if key in ("oldest_due_seconds", "oldest_running_seconds"):
         return humanize_seconds(row[key])
     return str(row[key])
 
