@@ -14,6 +14,8 @@ from django.utils.translation import gettext_lazy as _
 
 
 class TaskState(models.TextChoices):
+    # Waiting for its run_at: not claimable. Staged to pending once due (sql: stage).
+    SCHEDULED = "scheduled", _("scheduled")
     PENDING = "pending", _("pending")
     RUNNING = "running", _("running")
     WAITING = "waiting", _("waiting")
@@ -23,7 +25,7 @@ class TaskState(models.TextChoices):
 
 
 TERMINAL_STATES = (TaskState.SUCCEEDED, TaskState.FAILED, TaskState.CANCELLED)
-LIVE_STATES = (TaskState.PENDING, TaskState.RUNNING, TaskState.WAITING)
+LIVE_STATES = (TaskState.SCHEDULED, TaskState.PENDING, TaskState.RUNNING, TaskState.WAITING)
 
 
 class Task(models.Model):
@@ -71,20 +73,30 @@ class Task(models.Model):
         db_table = "pgqueue_task"
         ordering = ["-id"]
         indexes = [
-            # The claim: an index-ordered top-N per queue over due, pending rows.
+            # The claim: an index-ordered top-N per (queue, task, version) over pending
+            # rows, which are all due (scheduled rows are not in it). A claim walks only
+            # the routes it can run, so rows of other tasks and versions cost it nothing.
             models.Index(
                 "queue",
+                "task_name",
+                "handler_version",
                 models.F("priority").desc(),
                 "run_at",
                 "id",
                 name="pgqueue_task_claim",
                 condition=Q(state="pending"),
             ),
-            # Oldest-due first: the starvation escape, next-due lookups, oldest-due age.
+            # Oldest-due first per route: the starvation escape, the oldest-due age.
             models.Index(
-                fields=["queue", "run_at", "id"],
+                fields=["queue", "task_name", "handler_version", "run_at", "id"],
                 name="pgqueue_task_due",
                 condition=Q(state="pending"),
+            ),
+            # Scheduled rows by due time: the stager and the claimer's next-due wake-up.
+            models.Index(
+                fields=["queue", "run_at", "id"],
+                name="pgqueue_task_scheduled",
+                condition=Q(state="scheduled"),
             ),
             # Lease recovery sweeps only the (few) running rows.
             models.Index(
@@ -110,11 +122,19 @@ class Task(models.Model):
                 fields=["unique_key"],
                 name="pgqueue_task_unique_live",
                 condition=Q(unique_key__isnull=False)
-                & Q(state__in=["pending", "running", "waiting"]),
+                & Q(state__in=["scheduled", "pending", "running", "waiting"]),
             ),
             models.CheckConstraint(
                 condition=Q(
-                    state__in=["pending", "running", "waiting", "succeeded", "failed", "cancelled"]
+                    state__in=[
+                        "scheduled",
+                        "pending",
+                        "running",
+                        "waiting",
+                        "succeeded",
+                        "failed",
+                        "cancelled",
+                    ]
                 ),
                 name="pgqueue_task_state_valid",
             ),
@@ -144,6 +164,22 @@ class QueueOverview(Task):
         default_permissions = ()
         verbose_name = _("queue overview")
         verbose_name_plural = _("queue overview")
+
+
+class Queue(models.Model):
+    """Fleet-wide state of one queue, decided in the database (one row per queue,
+    created when a worker serving it registers)."""
+
+    name = models.CharField(max_length=100, primary_key=True)
+    # When a claim last let a starving task jump the priority order (one per window).
+    last_escape_at = models.DateTimeField(db_default=models.Value("-infinity"))
+
+    class Meta:
+        db_table = "pgqueue_queue"
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
 
 
 class Worker(models.Model):

@@ -6,65 +6,88 @@
 -- worker's clock.
 --
 -- Indexes (defined on the model, django_pgqueue/models.py):
---   pgqueue_task_claim      (queue, priority DESC, run_at, id) WHERE state = 'pending'
---   pgqueue_task_due        (queue, run_at, id)                WHERE state = 'pending'
+--   pgqueue_task_claim      (queue, task_name, handler_version, priority DESC, run_at, id)
+--                                                               WHERE state = 'pending'
+--   pgqueue_task_due        (queue, task_name, handler_version, run_at, id)
+--                                                               WHERE state = 'pending'
+--   pgqueue_task_scheduled  (queue, run_at, id)                WHERE state = 'scheduled'
 --   pgqueue_task_lease      (lease_expires_at)                 WHERE state = 'running'
 --   pgqueue_task_retention  (state, finished_at)               WHERE state is terminal
 --   pgqueue_task_waiting    (queue, task_name)                 WHERE state = 'waiting'
 --   pgqueue_task_unique_live UNIQUE (unique_key) WHERE unique_key IS NOT NULL AND live
 --
+-- States: 'scheduled' rows are due later and sit outside the claim's indexes; the
+-- stager makes them 'pending' when due, so every pending row is due.
+--
 -- Wake-ups: enqueue and every path that makes a task due again send
--- pg_notify('pgqueue', <queue>) inside their own transaction, so a notification is
--- delivered on commit only, never for a rollback. PostgreSQL folds identical
+-- pg_notify('pgqueue_' || (hashtext(<queue>) & 63), <queue>) inside their own
+-- transaction: one of 64 channels by the queue's hash, the queue name as payload. A
+-- worker LISTENs only on its queues' channels (and ignores other queues sharing one),
+-- so an enqueue never wakes the idle workers of other queues. A notification is
+-- delivered on commit only, never for a rollback; PostgreSQL folds identical
 -- notifications of one transaction into one: one wake per queue per transaction.
 
 
 -- name: enqueue
 -- One task, in the caller's transaction. run_at NULL means "now" in the database's
--- clock; a delay is added to the database's now(), never to the caller's clock.
-WITH inserted AS (
+-- clock; a delay is added to the database's now(), never to the caller's clock. A task
+-- due later is inserted 'scheduled', outside the claim's index (staged when due).
+-- The wake-up goes to the queue's channel (one of 64, by hash: see the listener), so
+-- idle workers of other queues are not disturbed.
+WITH v AS (
+    SELECT COALESCE(%(run_at)s::timestamptz,
+                    statement_timestamp() + make_interval(secs => COALESCE(%(delay)s::float8, 0)))
+           AS run_at
+),
+inserted AS (
     INSERT INTO pgqueue_task (
-        id, queue, task_name, handler_version, priority, args, kwargs, run_at,
+        id, queue, task_name, handler_version, priority, args, kwargs, run_at, state,
         max_attempts, retry_policy, timeout, unique_key, metadata
     )
-    VALUES (
-        COALESCE(%(id)s::bigint, nextval(pg_get_serial_sequence('pgqueue_task', 'id'))),
-        %(queue)s, %(task_name)s, %(handler_version)s, %(priority)s,
-        %(args)s::jsonb, %(kwargs)s::jsonb,
-        COALESCE(%(run_at)s::timestamptz,
-                 statement_timestamp() + make_interval(secs => COALESCE(%(delay)s::float8, 0))),
-        %(max_attempts)s, %(retry_policy)s::jsonb,
-        make_interval(secs => %(timeout)s::float8), %(unique_key)s, %(metadata)s::jsonb
-    )
+    SELECT COALESCE(%(id)s::bigint, nextval(pg_get_serial_sequence('pgqueue_task', 'id'))),
+           %(queue)s, %(task_name)s, %(handler_version)s, %(priority)s,
+           %(args)s::jsonb, %(kwargs)s::jsonb, v.run_at,
+           CASE WHEN v.run_at > statement_timestamp() THEN 'scheduled' ELSE 'pending' END,
+           %(max_attempts)s, %(retry_policy)s::jsonb,
+           make_interval(secs => %(timeout)s::float8), %(unique_key)s, %(metadata)s::jsonb
+      FROM v
     RETURNING id, queue, enqueued_at
 )
-SELECT id, enqueued_at, pg_notify('pgqueue', queue)::text FROM inserted;
+SELECT id, enqueued_at,
+       pg_notify('pgqueue_' || (hashtext(queue) & 63), queue)::text
+  FROM inserted;
 
 
 -- name: enqueue_unique
--- As enqueue, but a live row (pending, running, waiting) with the same unique_key wins:
--- ON CONFLICT on the partial unique index pgqueue_task_unique_live inserts nothing and
--- returns no row; the caller then reads the existing id with find_live_unique.
-WITH inserted AS (
+-- As enqueue, but a live row (scheduled, pending, running, waiting) with the same
+-- unique_key wins: ON CONFLICT on the partial unique index pgqueue_task_unique_live
+-- inserts nothing and returns no row; the caller then reads the existing id with
+-- find_live_unique.
+WITH v AS (
+    SELECT COALESCE(%(run_at)s::timestamptz,
+                    statement_timestamp() + make_interval(secs => COALESCE(%(delay)s::float8, 0)))
+           AS run_at
+),
+inserted AS (
     INSERT INTO pgqueue_task (
-        id, queue, task_name, handler_version, priority, args, kwargs, run_at,
+        id, queue, task_name, handler_version, priority, args, kwargs, run_at, state,
         max_attempts, retry_policy, timeout, unique_key, metadata
     )
-    VALUES (
-        COALESCE(%(id)s::bigint, nextval(pg_get_serial_sequence('pgqueue_task', 'id'))),
-        %(queue)s, %(task_name)s, %(handler_version)s, %(priority)s,
-        %(args)s::jsonb, %(kwargs)s::jsonb,
-        COALESCE(%(run_at)s::timestamptz,
-                 statement_timestamp() + make_interval(secs => COALESCE(%(delay)s::float8, 0))),
-        %(max_attempts)s, %(retry_policy)s::jsonb,
-        make_interval(secs => %(timeout)s::float8), %(unique_key)s, %(metadata)s::jsonb
-    )
+    SELECT COALESCE(%(id)s::bigint, nextval(pg_get_serial_sequence('pgqueue_task', 'id'))),
+           %(queue)s, %(task_name)s, %(handler_version)s, %(priority)s,
+           %(args)s::jsonb, %(kwargs)s::jsonb, v.run_at,
+           CASE WHEN v.run_at > statement_timestamp() THEN 'scheduled' ELSE 'pending' END,
+           %(max_attempts)s, %(retry_policy)s::jsonb,
+           make_interval(secs => %(timeout)s::float8), %(unique_key)s, %(metadata)s::jsonb
+      FROM v
     ON CONFLICT (unique_key) WHERE unique_key IS NOT NULL
-                                AND state IN ('pending', 'running', 'waiting')
+                                AND state IN ('scheduled', 'pending', 'running', 'waiting')
     DO NOTHING
     RETURNING id, queue, enqueued_at
 )
-SELECT id, enqueued_at, pg_notify('pgqueue', queue)::text FROM inserted;
+SELECT id, enqueued_at,
+       pg_notify('pgqueue_' || (hashtext(queue) & 63), queue)::text
+  FROM inserted;
 
 
 -- name: find_live_unique
@@ -72,7 +95,7 @@ SELECT id, enqueued_at, pg_notify('pgqueue', queue)::text FROM inserted;
 SELECT id, enqueued_at
   FROM pgqueue_task
  WHERE unique_key = %(unique_key)s
-   AND state IN ('pending', 'running', 'waiting');
+   AND state IN ('scheduled', 'pending', 'running', 'waiting');
 
 
 -- name: enqueue_many
@@ -82,24 +105,29 @@ SELECT id, enqueued_at
 -- batch with a unique_key is a single enqueue_unique (the batch shares the key), and
 -- without one, speculative insertion would only slow every row down. One notification
 -- per batch (it has one queue).
-WITH inserted AS (
+WITH v AS (
+    SELECT COALESCE(%(run_at)s::timestamptz,
+                    statement_timestamp() + make_interval(secs => COALESCE(%(delay)s::float8, 0)))
+           AS run_at
+),
+inserted AS (
     INSERT INTO pgqueue_task (
-        queue, task_name, handler_version, priority, args, kwargs, run_at,
+        queue, task_name, handler_version, priority, args, kwargs, run_at, state,
         max_attempts, retry_policy, timeout, unique_key, metadata
     )
     SELECT %(queue)s, %(task_name)s, %(handler_version)s, %(priority)s,
-           c.args, c.kwargs,
-           COALESCE(%(run_at)s::timestamptz,
-                    statement_timestamp() + make_interval(secs => COALESCE(%(delay)s::float8, 0))),
+           c.args, c.kwargs, v.run_at,
+           CASE WHEN v.run_at > statement_timestamp() THEN 'scheduled' ELSE 'pending' END,
            %(max_attempts)s, %(retry_policy)s::jsonb, make_interval(secs => %(timeout)s::float8),
            NULL, %(metadata)s::jsonb
-      FROM ROWS FROM (jsonb_array_elements(%(args_list)s::jsonb),
+      FROM v,
+           ROWS FROM (jsonb_array_elements(%(args_list)s::jsonb),
                       jsonb_array_elements(%(kwargs_list)s::jsonb))
            WITH ORDINALITY AS c(args, kwargs, n)
      ORDER BY c.n
     RETURNING id
 )
-SELECT id, (SELECT pg_notify('pgqueue', %(queue)s)::text)
+SELECT id, (SELECT pg_notify('pgqueue_' || (hashtext(%(queue)s) & 63), %(queue)s)::text)
   FROM inserted
  ORDER BY id;
 
@@ -111,20 +139,29 @@ SELECT nextval(pg_get_serial_sequence('pgqueue_task', 'id'));
 
 
 -- name: claim
--- The claim: up to %(limit)s due tasks of one queue, for one worker, in one statement.
+-- The claim: up to %(limit)s pending tasks across the worker's queues, for one worker,
+-- in one statement, by priority (higher first), then run_at, then id.
 --
--- * FOR NO KEY UPDATE SKIP LOCKED: concurrent claimers never wait on, nor take, a row
---   another claimer has picked. Under READ COMMITTED the locked row is re-checked
---   (EvalPlanQual), so a row claimed and committed by someone else in the meantime no
---   longer matches state = 'pending' and is skipped.
+-- * Pending rows are due: rows due later are 'scheduled' (see stage), so a claim never
+--   walks the future, whatever its priority.
+-- * routes is every (queue, task_name, handler_version) the worker can run. candidates
+--   walks pgqueue_task_claim once per route, an index-ordered top-N each, and stops: a
+--   row of a task or version the worker does not run, or of another queue, is never
+--   read, at any count. The merge of the per-route heads is small (routes x N rows).
+-- * picked locks the best of the candidates with FOR NO KEY UPDATE SKIP LOCKED:
+--   concurrent claimers never wait on, nor take, a row another claimer has picked.
+--   Under READ COMMITTED a locked row is re-checked (EvalPlanQual), so a row claimed
+--   and committed by someone else meanwhile no longer matches state = 'pending'. Each
+--   route offers twice the limit, so rows locked by other claimers are skipped without
+--   leaving the claim short.
 -- * The picks are MATERIALIZED CTEs: a plain subquery may be rescanned by the join
 --   above it, and every rescan would lock (and claim) more rows than asked for.
--- * picked walks pgqueue_task_claim in index order (priority DESC, run_at, id) and
---   stops after %(limit)s rows: an index-ordered top-N at any backlog depth.
--- * starving walks pgqueue_task_due: if the oldest due task has waited longer than the
---   starvation timeout, it takes one slot of the batch regardless of priority.
--- * The routes filter keeps tasks this worker cannot run (unknown name or handler
---   version) pending: not claimed, no attempt burnt.
+-- * Starvation escape, bounded fleet-wide: when a queue's oldest due task (per route,
+--   through pgqueue_task_due) has waited longer than the starvation timeout, one claim
+--   in the whole fleet per window may take it regardless of priority. The window is
+--   the queue's row in pgqueue_queue (last_escape_at), locked with SKIP LOCKED only
+--   when a task is starving and the window has passed, then moved on by this statement.
+--   Under a sustained backlog of old work, priority still decides every other start.
 -- * attempt is incremented here, by the claim, so a task that kills its worker every
 --   time still runs out of attempts (see recover_expired_leases).
 -- * The lease token is the worker's, one per claim statement (%(token)s): if the reply
@@ -135,28 +172,75 @@ SELECT nextval(pg_get_serial_sequence('pgqueue_task', 'id'));
 --   crash would put the row back to pending while its handler runs); it returns the
 --   database's now() so the handler's deadline is derived from the database's clock.
 -- * Columns are returned by name: the worker reads them into ClaimedTask by name.
-WITH starving AS MATERIALIZED (
-    SELECT id
-      FROM pgqueue_task
-     WHERE state = 'pending'
-       AND queue = %(queue)s
-       AND run_at <= now() - make_interval(secs => %(starvation_seconds)s)
-       AND (task_name || '@' || handler_version) = ANY (%(routes)s::text[])
-     ORDER BY run_at, id
-     LIMIT 1
+WITH routes AS (
+    SELECT *
+      FROM unnest(%(route_queues)s::text[], %(route_names)s::text[],
+                  %(route_versions)s::int[]) AS r(queue, task_name, version)
+),
+starving AS MATERIALIZED (
+    SELECT s.queue, s.id
+      FROM unnest(%(queues)s::text[]) AS q(queue),
+           LATERAL (
+               SELECT o.id, q.queue
+                 FROM routes AS r,
+                      LATERAL (
+                          SELECT t.id, t.run_at
+                            FROM pgqueue_task AS t
+                           WHERE t.state = 'pending'
+                             AND t.queue = r.queue AND t.task_name = r.task_name
+                             AND t.handler_version = r.version
+                             AND t.run_at <= now() - make_interval(secs => %(starvation_seconds)s)
+                           ORDER BY t.run_at, t.id
+                           LIMIT 1
+                      ) AS o
+                WHERE r.queue = q.queue
+                ORDER BY o.run_at, o.id
+                LIMIT 1
+           ) AS s
+),
+window_open AS MATERIALIZED (
+    SELECT w.name
+      FROM pgqueue_queue AS w
+     WHERE w.name IN (SELECT queue FROM starving)
+       AND w.last_escape_at <= now() - make_interval(secs => %(escape_window_seconds)s)
        FOR NO KEY UPDATE SKIP LOCKED
 ),
+escaped AS MATERIALIZED (
+    SELECT t.id, t.queue
+      FROM starving AS s
+      JOIN window_open AS w ON w.name = s.queue
+      JOIN pgqueue_task AS t ON t.id = s.id
+     WHERE t.state = 'pending'
+     LIMIT %(limit)s
+       FOR NO KEY UPDATE OF t SKIP LOCKED
+),
+window_moved AS (
+    UPDATE pgqueue_queue AS w
+       SET last_escape_at = now()
+     WHERE w.name IN (SELECT queue FROM escaped)
+),
+candidates AS MATERIALIZED (
+    SELECT c.id, c.priority, c.run_at
+      FROM routes AS r,
+           LATERAL (
+               SELECT t.id, t.priority, t.run_at
+                 FROM pgqueue_task AS t
+                WHERE t.state = 'pending'
+                  AND t.queue = r.queue AND t.task_name = r.task_name
+                  AND t.handler_version = r.version
+                ORDER BY t.priority DESC, t.run_at, t.id
+                LIMIT %(limit)s * 2
+           ) AS c
+),
 picked AS MATERIALIZED (
-    SELECT id
-      FROM pgqueue_task
-     WHERE state = 'pending'
-       AND queue = %(queue)s
-       AND run_at <= now()
-       AND (task_name || '@' || handler_version) = ANY (%(routes)s::text[])
-       AND id NOT IN (SELECT id FROM starving)
-     ORDER BY priority DESC, run_at, id
-     LIMIT %(limit)s - (SELECT count(*) FROM starving)
-       FOR NO KEY UPDATE SKIP LOCKED
+    SELECT t.id
+      FROM candidates AS c
+      JOIN pgqueue_task AS t ON t.id = c.id
+     WHERE t.state = 'pending'
+       AND t.id NOT IN (SELECT id FROM escaped)
+     ORDER BY c.priority DESC, c.run_at, c.id
+     LIMIT %(limit)s - (SELECT count(*) FROM escaped)
+       FOR NO KEY UPDATE OF t SKIP LOCKED
 )
 UPDATE pgqueue_task AS t
    SET state = 'running',
@@ -166,14 +250,14 @@ UPDATE pgqueue_task AS t
        started_at = COALESCE(t.started_at, now()),
        last_attempted_at = now(),
        worker_id = %(worker_id)s
-  FROM (SELECT id FROM starving UNION ALL SELECT id FROM picked) AS p
+  FROM (SELECT id FROM escaped UNION ALL SELECT id FROM picked) AS p
  WHERE t.id = p.id
 RETURNING t.id, t.task_name, t.handler_version, t.queue, t.priority, t.args, t.kwargs,
-       t.attempt, t.max_attempts, t.retry_policy::text AS retry_policy_json,
-       EXTRACT(EPOCH FROM t.timeout)::float8 AS timeout, t.lease_token::text AS lease_token,
-       t.lease_expires_at, now() AS claimed_at, t.enqueued_at, t.run_at,
-       t.checkpoint::text AS checkpoint_json, t.cancel_requested, t.cancel_hard,
-       t.metadata::text AS metadata_json;
+          t.attempt, t.max_attempts, t.retry_policy::text AS retry_policy_json,
+          EXTRACT(EPOCH FROM t.timeout)::float8 AS timeout, t.lease_token::text AS lease_token,
+          t.lease_expires_at, now() AS claimed_at, t.enqueued_at, t.run_at,
+          t.checkpoint::text AS checkpoint_json, t.cancel_requested, t.cancel_hard,
+          t.metadata::text AS metadata_json;
 
 
 -- name: find_claimed
@@ -190,17 +274,57 @@ SELECT t.id, t.task_name, t.handler_version, t.queue, t.priority, t.args, t.kwar
    AND t.lease_token = ANY (%(tokens)s::uuid[]);
 
 
+-- name: stage
+-- The stager: scheduled rows of these queues whose run_at has come become pending, in
+-- batches of %(limit)s, through pgqueue_task_scheduled (an index range scan that stops
+-- at the first row not yet due). Run by each claimer before a claim when a scheduled
+-- task of its queues is due (it sleeps until the next one) and at most every
+-- STAGE_INTERVAL while busy. SKIP LOCKED: claimers of one queue stage in parallel
+-- without waiting on each other. Wakes the queues it made due: other workers may be
+-- idle.
+WITH due AS MATERIALIZED (
+    SELECT id
+      FROM pgqueue_task
+     WHERE state = 'scheduled'
+       AND queue = ANY (%(queues)s::text[])
+       AND run_at <= now()
+     LIMIT %(limit)s
+       FOR NO KEY UPDATE SKIP LOCKED
+),
+staged AS (
+    UPDATE pgqueue_task AS t
+       SET state = 'pending'
+      FROM due
+     WHERE t.id = due.id
+    RETURNING t.queue
+)
+SELECT queue, count(*) AS staged,
+       pg_notify('pgqueue_' || (hashtext(queue) & 63), queue)::text AS notified
+  FROM staged
+ GROUP BY queue;
+
+
 -- name: next_due
--- When the claimer found nothing more to take: the earliest future run_at it could
--- claim, so it sleeps until then rather than until the next poll. Uses pgqueue_task_due.
-SELECT run_at, EXTRACT(EPOCH FROM run_at - now())::float8
-  FROM pgqueue_task
- WHERE state = 'pending'
-   AND queue = %(queue)s
-   AND run_at > now()
-   AND (task_name || '@' || handler_version) = ANY (%(routes)s::text[])
- ORDER BY run_at, id
- LIMIT 1;
+-- When the claimer found nothing more to take: how long until the earliest scheduled
+-- task of its queues is due, so it sleeps until then rather than until the next poll.
+-- One index probe per queue on pgqueue_task_scheduled (a LIMIT 1 each; a min() over
+-- queue = ANY(...) would read every scheduled row).
+SELECT EXTRACT(EPOCH FROM min(n.run_at) - now())::float8 AS seconds
+  FROM unnest(%(queues)s::text[]) AS q(queue),
+       LATERAL (
+           SELECT run_at
+             FROM pgqueue_task
+            WHERE state = 'scheduled' AND queue = q.queue
+            ORDER BY run_at, id
+            LIMIT 1
+       ) AS n;
+
+
+-- name: listen_channels
+-- The notification channels of these queues: one of 64 per queue, by hashtext, the
+-- same expression every notifying statement uses (keep them in step).
+SELECT DISTINCT 'pgqueue_' || (hashtext(q) & 63) AS channel
+  FROM unnest(%(queues)s::text[]) AS q;
 
 
 -- name: settle
@@ -215,7 +339,7 @@ SELECT run_at, EXTRACT(EPOCH FROM run_at - now())::float8
 --   handler's open transaction after a checkpoint inside atomic(), then a hang) is
 --   skipped and retried later, so one row can never stall the settlement of the batch.
 -- * A cancel requested while the handler ran wins over a retry: such a row ends
---   cancelled instead of going back to pending.
+--   cancelled instead of going back to pending. A retry with a delay is 'scheduled'.
 -- * Each settlement appends an executions entry with the lease token (source
 --   'settle'): a settle replayed after its reply was lost recognises its own earlier
 --   write by it (settle_check). The history keeps the last 100 executions.
@@ -230,6 +354,7 @@ WITH v AS (
 mine AS MATERIALIZED (
     SELECT t.id, v.attempt AS held_attempt, v.token AS held_token,
            CASE WHEN t.cancel_requested AND v.state = 'pending' THEN 'cancelled'
+                WHEN v.state = 'pending' AND COALESCE(v.delay, 0) > 0 THEN 'scheduled'
                 ELSE v.state END AS new_state
       FROM pgqueue_task AS t
       JOIN v ON t.id = v.id AND t.attempt = v.attempt AND t.lease_token = v.token
@@ -252,10 +377,11 @@ settled AS (
                                'worker', t.worker_id, 'started', t.last_attempted_at,
                                'ended', now(), 'outcome', v.label, 'state', m.new_state,
                                'source', 'settle')),
-           run_at = CASE WHEN m.new_state = 'pending'
+           run_at = CASE WHEN m.new_state IN ('pending', 'scheduled')
                          THEN now() + make_interval(secs => COALESCE(v.delay, 0))
                          ELSE t.run_at END,
-           finished_at = CASE WHEN m.new_state = 'pending' THEN NULL ELSE now() END,
+           finished_at = CASE WHEN m.new_state IN ('pending', 'scheduled') THEN NULL
+                              ELSE now() END,
            attempt = CASE WHEN v.attempt_reset THEN 0
                           WHEN v.attempt_refund THEN t.attempt - 1
                           ELSE t.attempt END,
@@ -268,7 +394,8 @@ settled AS (
     RETURNING t.id, m.held_attempt, m.held_token, t.queue, t.state
 )
 SELECT id, held_attempt AS attempt, held_token::text AS token, state,
-       CASE WHEN state = 'pending' THEN pg_notify('pgqueue', queue)::text END AS notified
+       CASE WHEN state IN ('pending', 'scheduled')
+            THEN pg_notify('pgqueue_' || (hashtext(queue) & 63), queue)::text END AS notified
   FROM settled;
 
 
@@ -432,7 +559,8 @@ recovered AS (
     RETURNING t.id, t.queue, t.state
 )
 SELECT id, state,
-       CASE WHEN state = 'pending' THEN pg_notify('pgqueue', queue)::text END
+       CASE WHEN state = 'pending'
+            THEN pg_notify('pgqueue_' || (hashtext(queue) & 63), queue)::text END
   FROM recovered;
 
 
@@ -448,19 +576,21 @@ SELECT id, state,
 -- Unknown work is left alone: a queue no live worker serves (a nightly pool, a burst
 -- pool, a pool down for the weekend) is never looked at, however old its backlog; only
 -- the workers of a queue can tell what it should hold, never the workers of another.
--- So the statement is driven from served, the queues live workers serve: per served
--- queue, one walk of pgqueue_task_due (queue, run_at, id) WHERE state = 'pending',
--- over the rows due before the cutoff only, oldest first, stopping at %(limit)s rows.
--- Its cost follows the served queues' overdue backlog, never the rest of the table.
--- Runs rarely (with the stale-worker cleanup), in small batches. SKIP LOCKED: a row a
--- claimer is taking is left to it; under READ COMMITTED a row claimed meanwhile no
--- longer matches state = 'pending' and is skipped.
+-- So the statement is driven from served, the queues live workers serve. routes_seen
+-- lists the (task_name, handler_version) pairs that have pending rows in each served
+-- queue with a loose index scan of pgqueue_task_due (one descent per distinct pair,
+-- whatever the number of rows); for the pairs no live worker of the queue has, doomed
+-- walks pgqueue_task_due (queue, task_name, handler_version, run_at, id) over the rows
+-- due before the cutoff only, oldest first, stopping at %(limit)s rows. Its cost
+-- follows the number of distinct pairs and the overdue unroutable rows, never the rest
+-- of the table. Runs rarely (with the stale-worker cleanup), in small batches. SKIP
+-- LOCKED: a row a claimer is taking is left to it.
 --
 -- The error names the queue's live workers and the routes they registered (a few of
 -- each, then "and N more"), so whoever reads it knows what is deployed where.
 -- live_routes is the same definition as in queue_overview: keep the two in step, or a
 -- task the overview calls routable could be failed here.
-WITH live_routes AS (
+WITH RECURSIVE live_routes AS (
     SELECT DISTINCT q.queue, r.route ->> 0 AS task_name, (r.route ->> 1)::int AS version
       FROM pgqueue_worker AS w,
            jsonb_array_elements_text(w.queues) AS q(queue),
@@ -484,22 +614,42 @@ served AS MATERIALIZED (
              WHERE lr.queue = q.queue) AS routes
       FROM (SELECT DISTINCT queue FROM live_workers) AS q
 ),
+routes_seen (queue, task_name, version) AS (
+    SELECT s.queue, f.task_name, f.handler_version
+      FROM served AS s,
+           LATERAL (SELECT t.task_name, t.handler_version
+                      FROM pgqueue_task AS t
+                     WHERE t.state = 'pending' AND t.queue = s.queue
+                     ORDER BY t.task_name, t.handler_version
+                     LIMIT 1) AS f
+    UNION ALL
+    SELECT w.queue, n.task_name, n.handler_version
+      FROM routes_seen AS w,
+           LATERAL (SELECT t.task_name, t.handler_version
+                      FROM pgqueue_task AS t
+                     WHERE t.state = 'pending' AND t.queue = w.queue
+                       AND (t.task_name, t.handler_version) > (w.task_name, w.version)
+                     ORDER BY t.task_name, t.handler_version
+                     LIMIT 1) AS n
+),
 doomed AS MATERIALIZED (
     SELECT t.id, s.workers, s.routes
-      FROM served AS s
+      FROM routes_seen AS rs
+      JOIN served AS s ON s.queue = rs.queue
      CROSS JOIN LATERAL (
                SELECT t.id
                  FROM pgqueue_task AS t
                 WHERE t.state = 'pending'
-                  AND t.queue = s.queue
+                  AND t.queue = rs.queue AND t.task_name = rs.task_name
+                  AND t.handler_version = rs.version
                   AND t.run_at < now() - make_interval(secs => %(ttl_seconds)s)
-                  AND NOT EXISTS (SELECT 1 FROM live_routes AS lr
-                                   WHERE lr.queue = t.queue AND lr.task_name = t.task_name
-                                     AND lr.version = t.handler_version)
                 ORDER BY t.run_at, t.id
                 LIMIT %(limit)s
                   FOR NO KEY UPDATE SKIP LOCKED
            ) AS t
+     WHERE NOT EXISTS (SELECT 1 FROM live_routes AS lr
+                        WHERE lr.queue = rs.queue AND lr.task_name = rs.task_name
+                          AND lr.version = rs.version)
      LIMIT %(limit)s
 )
 UPDATE pgqueue_task AS t
@@ -569,7 +719,7 @@ SELECT pg_has_role(current_user, c.relowner, 'USAGE')
 
 
 -- name: cancel_task
--- Cancel: a pending or waiting task ends cancelled at once; a running one gets
+-- Cancel: a scheduled, pending or waiting task ends cancelled at once; a running one gets
 -- cancel_requested, which its handler sees (context.cancel_requested) and its
 -- settlement turns into cancelled. Terminal tasks are left alone.
 UPDATE pgqueue_task
@@ -577,7 +727,7 @@ UPDATE pgqueue_task
        finished_at = CASE WHEN state = 'running' THEN finished_at ELSE now() END,
        cancel_requested = true
  WHERE id = %(id)s
-   AND state IN ('pending', 'waiting', 'running')
+   AND state IN ('scheduled', 'pending', 'waiting', 'running')
 RETURNING id, state;
 
 
@@ -636,8 +786,8 @@ RETURNING t.state;
 
 
 -- name: queue_overview
--- Per queue and task name: what is waiting, whether anyone can run it, and what
--- finished lately. A pending, due task is "routable" when a live worker (heartbeat
+-- Per queue, task name and handler version: what is waiting, whether anyone can run
+-- it, and what finished lately. A pending (so due) task is "routable" when a live worker (heartbeat
 -- within the stale window) serves its queue and has registered its (task_name,
 -- handler_version); otherwise it is "unroutable": a producer was deployed without its
 -- consumer. "completed" means succeeded; "failed" means dead-lettered (a failed
@@ -650,7 +800,8 @@ RETURNING t.state;
 -- and the last hour, never the history (which is most of the table). That is why the
 -- states are a UNION ALL and not one "state IN (...)", which the planner answers with
 -- a scan of the whole table:
---   pending    pgqueue_task_due        (due and scheduled)
+--   scheduled  pgqueue_task_scheduled
+--   pending    pgqueue_task_due
 --   running    pgqueue_task_lease
 --   waiting    pgqueue_task_waiting
 --   failed     pgqueue_task_retention  (every dead letter, with when it died)
@@ -666,6 +817,10 @@ WITH live_routes AS (
 tasks AS (
     SELECT queue, task_name, handler_version, state, run_at,
            NULL::timestamptz AS finished_at, NULL::timestamptz AS attempted_at
+      FROM pgqueue_task
+     WHERE state = 'scheduled'
+    UNION ALL
+    SELECT queue, task_name, handler_version, state, run_at, NULL, NULL
       FROM pgqueue_task
      WHERE state = 'pending'
     UNION ALL
@@ -688,16 +843,18 @@ tasks AS (
 )
 SELECT t.queue,
        t.task_name,
-       count(*) FILTER (WHERE t.state = 'pending' AND t.run_at <= now()
+       t.handler_version,
+       count(*) FILTER (WHERE t.state IN ('pending', 'scheduled') AND t.run_at <= now()
                           AND lr.task_name IS NOT NULL) AS pending_routable,
-       count(*) FILTER (WHERE t.state = 'pending' AND t.run_at <= now()
+       count(*) FILTER (WHERE t.state IN ('pending', 'scheduled') AND t.run_at <= now()
                           AND lr.task_name IS NULL) AS pending_unroutable,
-       count(*) FILTER (WHERE t.state = 'pending' AND t.run_at > now()) AS scheduled,
+       count(*) FILTER (WHERE t.state = 'scheduled' AND t.run_at > now()) AS scheduled,
        count(*) FILTER (WHERE t.state = 'running') AS running,
        count(*) FILTER (WHERE t.state = 'waiting') AS waiting,
        count(*) FILTER (WHERE t.state = 'failed') AS failed,
        EXTRACT(EPOCH FROM now() - min(t.run_at) FILTER (
-           WHERE t.state = 'pending' AND t.run_at <= now()))::float8 AS oldest_due_seconds,
+           WHERE t.state IN ('pending', 'scheduled') AND t.run_at <= now()
+       ))::float8 AS oldest_due_seconds,
        EXTRACT(EPOCH FROM now() - min(t.attempted_at) FILTER (
            WHERE t.state = 'running'))::float8 AS oldest_running_seconds,
        count(*) FILTER (WHERE t.state = 'succeeded'
@@ -709,10 +866,10 @@ SELECT t.queue,
                           AND t.finished_at >= now() - interval '1 hour') AS failed_1h
   FROM tasks AS t
   LEFT JOIN live_routes AS lr
-    ON t.state = 'pending'
+    ON t.state IN ('pending', 'scheduled')
    AND lr.queue = t.queue AND lr.task_name = t.task_name AND lr.version = t.handler_version
- GROUP BY t.queue, t.task_name
- ORDER BY t.queue, t.task_name;
+ GROUP BY t.queue, t.task_name, t.handler_version
+ ORDER BY t.queue, t.task_name, t.handler_version;
 
 
 -- name: queue_history
@@ -815,7 +972,8 @@ SELECT q.queue,
 
 
 -- name: retry_now
--- An operator's "retry now": a pending task becomes due at once; a dead letter goes
+-- An operator's "retry now": a scheduled or pending task becomes due at once (pending);
+-- a dead letter goes
 -- back to pending, due at once, with one more attempt (max_attempts is raised to
 -- attempt + 1 if it was spent; requeue_dead gives a fresh budget instead).
 -- State-checked, never fenced out of a worker's hands: only rows that are pending or
@@ -835,15 +993,15 @@ WITH retried AS (
            finished_at = NULL,
            cancel_requested = false
      WHERE t.id = ANY (%(ids)s::bigint[])
-       AND t.state IN ('pending', 'failed')
-       AND (t.state = 'pending' OR t.unique_key IS NULL OR NOT EXISTS (
+       AND t.state IN ('scheduled', 'pending', 'failed')
+       AND (t.state <> 'failed' OR t.unique_key IS NULL OR NOT EXISTS (
                SELECT 1
                  FROM pgqueue_task AS l
                 WHERE l.unique_key = t.unique_key
-                  AND l.state IN ('pending', 'running', 'waiting')))
+                  AND l.state IN ('scheduled', 'pending', 'running', 'waiting')))
     RETURNING t.id, t.queue
 )
-SELECT id, pg_notify('pgqueue', queue)::text FROM retried;
+SELECT id, pg_notify('pgqueue_' || (hashtext(queue) & 63), queue)::text FROM retried;
 
 
 -- name: requeue_dead
@@ -868,10 +1026,11 @@ WITH requeued AS (
                SELECT 1
                  FROM pgqueue_task AS l
                 WHERE l.unique_key = t.unique_key
-                  AND l.state IN ('pending', 'running', 'waiting')))
+                  AND l.state IN ('scheduled', 'pending', 'running', 'waiting')))
     RETURNING t.id, t.queue
 )
-SELECT id, pg_notify('pgqueue', queue)::text FROM requeued ORDER BY id;
+SELECT id, pg_notify('pgqueue_' || (hashtext(queue) & 63), queue)::text
+  FROM requeued ORDER BY id;
 
 
 -- name: find_dead
@@ -887,7 +1046,7 @@ SELECT t.id
            SELECT 1
              FROM pgqueue_task AS l
             WHERE l.unique_key = t.unique_key
-              AND l.state IN ('pending', 'running', 'waiting')))
+              AND l.state IN ('scheduled', 'pending', 'running', 'waiting')))
  ORDER BY t.id;
 
 

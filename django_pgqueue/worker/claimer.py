@@ -1,9 +1,17 @@
 """The claimer: takes as many due rows as there are free slots, in one statement.
 
+One claim covers all the worker's queues, by priority across them, and walks only the
+(queue, task, version) routes the worker can run (see the ``claim`` statement).
+
 It loops while claims come back full; otherwise it parks until a wake-up (a
 notification on its own connection, see listener.py), the next due time of a scheduled
 task, or the jittered poll interval, whichever is first. Polling is the correctness
 floor; wake-ups and next-due only make it fast.
+
+It is also its queues' stager: scheduled rows are not claimable until ``stage`` makes
+them pending. The claimer stages right before claiming when a scheduled task of its
+queues is due (it parks until the next one, so a scheduled task starts at its run_at),
+and at most every ``STAGE_INTERVAL`` while it is too busy to park.
 
 A claim is not idempotent, so it is never replayed blindly after a connection error:
 each claim carries a lease token of the worker's making, and a claim whose reply was
@@ -36,6 +44,11 @@ from django_pgqueue.worker.stats import WorkerStats
 
 logger = logging.getLogger("django_pgqueue.worker")
 
+# While busy, due scheduled rows are staged at least this often (seconds).
+STAGE_INTERVAL = 0.25
+# Rows staged per statement.
+STAGE_BATCH = 1000
+
 
 class Claimer:
     name = "claimer"
@@ -45,7 +58,7 @@ class Claimer:
         alias: str,
         worker_id: str,
         queues: list[str],
-        routes: list[str],
+        routes: list[tuple[str, int]],
         slots: SlotPool,
         inflight: InFlight,
         stats: WorkerStats,
@@ -59,6 +72,18 @@ class Claimer:
         self.worker_id = worker_id
         self.queues = queues
         self.routes = routes
+        # Every (queue, task name, version) this worker can run: the claim's routes.
+        pairs = [(q, name, version) for q in queues for name, version in routes]
+        self._route_params = {
+            "queues": list(queues),
+            "route_queues": [p[0] for p in pairs],
+            "route_names": [p[1] for p in pairs],
+            "route_versions": [p[2] for p in pairs],
+            "starvation_seconds": starvation_timeout,
+            # One starving task per queue may jump the priority order per window.
+            "escape_window_seconds": starvation_timeout / 10,
+        }
+        self._stage_at = 0.0  # monotonic: stage before the next claim once past it
         self.slots = slots
         self.inflight = inflight
         self.stats = stats
@@ -76,7 +101,6 @@ class Claimer:
         self._unconfirmed: dict[str, float] = {}
         self._backoff = Backoff()
         self._thread = threading.Thread(target=self._run, name="pgqueue-claimer", daemon=True)
-        self._rotation = 0
         # Set while parked with nothing claimable (burst mode exits on it).
         self.idle = threading.Event()
 
@@ -135,6 +159,9 @@ class Claimer:
                     break
                 logger.exception("claimer: next-due lookup failed")
                 timeout = self.poll_interval
+            if timeout <= 0:  # a scheduled task is due: stage it and claim again
+                self.idle.clear()
+                continue
             # Idle means: a claim that started after every outcome was written (so it
             # saw every task those outcomes made due again) found nothing.
             if not claimed and settled_before and not self.inflight:
@@ -147,38 +174,44 @@ class Claimer:
                 self.session.close()  # the next claim reconnects (and LISTENs again)
 
     def _claim_round(self, free: int) -> tuple[int, bool]:
-        """One claim per queue (rotating which goes first) until the slots are full."""
+        """Stage what is due (when it is time), then one claim across all queues."""
         claimed = self._adopt_unconfirmed() if self._unconfirmed else 0
-        n = len(self.queues)
-        order = [self.queues[(self._rotation + i) % n] for i in range(n)]
-        self._rotation = (self._rotation + 1) % n
-        saturated = False
-        for queue_name in order:
-            want = free - claimed
-            if want <= 0:
-                break
-            token = str(uuid.uuid4())
-            params = {
-                "queue": queue_name,
-                "limit": want,
-                "routes": self.routes,
-                "token": token,
-                "lease_seconds": self.lease_seconds,
-                "starvation_seconds": self.starvation_timeout,
-                "worker_id": self.worker_id,
-            }
-            try:
-                tasks = self.session.call(
-                    lambda conn, p=params: _fetch(conn, "claim", p), retry=False
-                )
-            except CONNECTION_ERRORS:
-                # The server may have committed the claim before the connection broke.
-                self._unconfirmed[token] = time.monotonic() + self.lease_seconds
-                raise
-            self._hand_over(tasks)
-            claimed += len(tasks)
-            saturated = saturated or len(tasks) == want
-        return claimed, saturated
+        if time.monotonic() >= self._stage_at:
+            self._stage()
+        want = free - claimed
+        if want <= 0:
+            return claimed, True
+        token = str(uuid.uuid4())
+        params = {
+            **self._route_params,
+            "limit": want,
+            "token": token,
+            "lease_seconds": self.lease_seconds,
+            "worker_id": self.worker_id,
+        }
+        try:
+            tasks = self.session.call(lambda conn: _fetch(conn, "claim", params), retry=False)
+        except CONNECTION_ERRORS:
+            # The server may have committed the claim before the connection broke.
+            self._unconfirmed[token] = time.monotonic() + self.lease_seconds
+            raise
+        self._hand_over(tasks)
+        return claimed + len(tasks), len(tasks) == want
+
+    def _stage(self) -> None:
+        """Make the due scheduled rows of this worker's queues pending."""
+        self._stage_at = time.monotonic() + STAGE_INTERVAL
+        while True:
+            rows = self.session.call(
+                lambda conn: conn.execute(
+                    QUERIES["stage"], {"queues": self.queues, "limit": STAGE_BATCH}
+                ).fetchall(),
+                retry=False,
+            )
+            staged = sum(row[1] for row in rows)
+            self.stats.incr("staged", staged)
+            if staged < STAGE_BATCH:
+                return
 
     def _adopt_unconfirmed(self) -> int:
         """Run the rows of claims whose reply was lost, if the server committed them."""
@@ -208,18 +241,17 @@ class Claimer:
         self.stats.incr("claimed", len(tasks))
 
     def _park_timeout(self) -> float:
+        """Seconds to park: until the next scheduled task of our queues, or a poll."""
         timeout = self.poll_interval * random.uniform(0.9, 1.1)
-        for queue_name in self.queues:
-            rows = self.session.call(
-                lambda conn, q=queue_name: conn.execute(
-                    QUERIES["next_due"], {"queue": q, "routes": self.routes}
-                ).fetchall(),
-                retry=False,
-            )
-            if rows:
-                timeout = min(timeout, max(0.0, rows[0][1]))
+        (seconds,) = self.session.call(
+            lambda conn: conn.execute(QUERIES["next_due"], {"queues": self.queues}).fetchone(),
+            retry=False,
+        )
+        if seconds is not None:
+            seconds = max(0.0, seconds)
+            self._stage_at = min(self._stage_at, time.monotonic() + seconds)
+            timeout = min(timeout, seconds)
         return timeout
-
 
 def _fetch(conn: psycopg.Connection, query: str, params: dict) -> list[ClaimedTask]:
     with conn.cursor(row_factory=class_row(ClaimedTask)) as cursor:

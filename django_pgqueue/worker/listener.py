@@ -1,8 +1,15 @@
-"""The listener: how an idle claimer is woken.
+"""The listener: how an idle claimer is woken, and only for its own queues.
 
 It LISTENs on the claimer's own connection, so a wake-up costs no extra thread and no
 extra backend: the notification arrives on the socket the claimer is about to claim on.
 A pipe lets the rest of the process wake the claimer too (stop, a freed slot).
+
+Every queue notifies on one of 64 channels, ``pgqueue_<hashtext(queue) & 63>`` (the
+statements in queries.sql compute it; ``listen_channels`` asks the database for ours, so the
+hash is never re-implemented in Python), with the queue's name as payload. The claimer
+LISTENs only on its queues' channels, so the server does not even deliver other
+queues' notifications to it; one that shares a channel is read off the socket and
+ignored without waking the claimer (no database statement is run for it).
 
 Notifications are best-effort (the claimer also polls), so after every (re)connect the
 claimer is woken once in case one was missed. A notification that arrives while a
@@ -15,10 +22,12 @@ from __future__ import annotations
 import contextlib
 import os
 import select
+import time
 
 import psycopg
+from psycopg import sql
 
-CHANNEL = "pgqueue"
+from django_pgqueue.sql import QUERIES
 
 
 class Listener:
@@ -33,7 +42,10 @@ class Listener:
 
     def attach(self, conn: psycopg.Connection) -> None:
         """On each new claimer connection: LISTEN, and count it as a wake-up."""
-        conn.execute(f"LISTEN {CHANNEL}")
+        queues = {"queues": sorted(self.queues)}
+        channels = [row[0] for row in conn.execute(QUERIES["listen_channels"], queues)]
+        for channel in channels:
+            conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(channel)))
         conn.add_notify_handler(self._on_notify)
         self._pending = True
 
@@ -50,14 +62,24 @@ class Listener:
                 pass
 
     def wait(self, conn: psycopg.Connection | None, timeout: float) -> None:
-        """Block until a notification for one of our queues, a wake(), or ``timeout``."""
-        if self._pending:
-            return
-        sockets = [self._read]
-        if conn is not None and not conn.closed:
-            sockets.append(conn.fileno())
-        readable, _, _ = select.select(sockets, [], [], max(0.0, timeout))
-        if conn is not None and not conn.closed and conn.fileno() in readable:
+        """Block until a notification for one of our queues, a wake(), or ``timeout``.
+
+        Traffic on the socket that is not for our queues (another queue sharing a
+        channel) is consumed and the wait goes on: it never costs a claim.
+        """
+        deadline = time.monotonic() + max(0.0, timeout)
+        while not self._pending:
+            sockets = [self._read]
+            if conn is not None and not conn.closed:
+                sockets.append(conn.fileno())
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return
+            readable, _, _ = select.select(sockets, [], [], left)
+            if not readable:
+                return
+            if self._read in readable:
+                return
             self._drain(conn)
 
     def _drain(self, conn: psycopg.Connection) -> None:
