@@ -7,8 +7,10 @@ any ``takes_context=True`` handler; it reads the claimed row, builds the framewo
 TaskResult (status RUNNING) and TaskContext from it, sends ``task_started`` and calls
 the task's function. ``task_finished`` is sent for terminal outcomes from a receiver of
 ``task_settled`` (so only once the outcome is written), on a thread of its own so that a
-slow receiver never holds up the settler. Every framework signal is sent robustly: a
-receiver that raises is logged, and changes neither the task's outcome nor the worker.
+slow receiver never holds up the settler; for a FAILED task it is sent inside an
+``except`` block of the task's last error, rebuilt from the row, as the framework's own
+backends send it. Every framework signal is sent robustly: a receiver that raises is
+logged, and changes neither the task's outcome nor the worker.
 
 Nothing here imports a dotted path read from a row: a row is matched to code only
 through the registry, filled when the modules that define the tasks are imported.
@@ -20,6 +22,7 @@ import atexit
 import inspect
 import logging
 import queue
+import sys
 import threading
 from collections.abc import Callable
 from datetime import datetime
@@ -78,6 +81,11 @@ class WorkerShutdown(PgQueueError):
     """Recorded (never raised) when a worker shut down during a task's final attempt."""
 
 
+class RecordedError(PgQueueError):
+    """Stands in, in ``task_finished``'s exception, for a task's exception whose class
+    this process has not imported (a row never makes this process import a module)."""
+
+
 # Errors the queue itself writes name no exception class; give them one the framework's
 # TaskError.exception_class can resolve.
 _RECORDED_TYPES = {
@@ -86,6 +94,7 @@ _RECORDED_TYPES = {
     "TimeoutError": "builtins.TimeoutError",
     "Cancelled": "django_pgqueue.exceptions.Cancelled",
 }
+_CANCELLED = _RECORDED_TYPES["Cancelled"]
 
 
 # -- registration ---------------------------------------------------------------------
@@ -233,7 +242,7 @@ def result_from_row(row: Any, task: Task | None = None) -> TaskResult:
         args=row.args,
         kwargs=row.kwargs,
         backend=result_task.backend,
-        errors=[_task_error(entry) for entry in row.errors],
+        errors=[_task_error(entry) for entry in _recorded_errors(row)],
         worker_ids=worker_ids(row.attempt, row.worker_id, row.errors),
     )
     if row.state == "succeeded":
@@ -259,12 +268,79 @@ def _registered_task(row: Any) -> Task:
     return task
 
 
-def _task_error(entry: dict[str, Any]) -> TaskError:
+def _recorded_errors(row: Any) -> list[dict[str, Any]]:
+    """The row's error entries, each attempt's in order.
+
+    A cancelled task always ends with an entry saying so. The row has none when the
+    task was cancelled before it started, or when its handler answered the cancel
+    request by raising an exception of its own; one is added here (it is not stored).
+    """
+    errors = list(row.errors)
+    if row.state == "cancelled" and not (errors and _class_path(errors[-1]) == _CANCELLED):
+        when = f"after attempt {row.attempt}" if row.attempt else "before it started"
+        errors.append(
+            {
+                "attempt": row.attempt,
+                "type": "Cancelled",
+                "message": f"task {row.id} was cancelled {when}",
+                "traceback": None,
+            }
+        )
+    return errors
+
+
+def _class_path(entry: dict[str, Any]) -> str:
     kind = entry.get("type") or "Exception"
     if "." not in kind:
         kind = _RECORDED_TYPES.get(kind, f"builtins.{kind}")
+    return kind
+
+
+def _task_error(entry: dict[str, Any]) -> TaskError:
     traceback = entry.get("traceback") or f"{entry.get('type')}: {entry.get('message', '')}\n"
-    return TaskError(exception_class_path=kind, traceback=traceback)
+    return TaskError(exception_class_path=_class_path(entry), traceback=traceback)
+
+
+def _recorded_exception(entry: dict[str, Any]) -> BaseException:
+    """The exception an error entry records, rebuilt to be handled again.
+
+    Its own class when this process has already imported it (nothing is imported for
+    it), with the recorded message and without calling the class's ``__init__``;
+    otherwise a RecordedError naming the class. The worker's traceback text is attached
+    as a note, so a logged exception shows where the task failed.
+    """
+    path = _class_path(entry)
+    message = entry.get("message") or ""
+    exc = _rebuilt(_imported_exception_class(path), message)
+    if exc is None:
+        exc = RecordedError(f"{path}: {message}")
+    if entry.get("traceback"):
+        exc.add_note(
+            f"Traceback recorded by the worker (attempt {entry.get('attempt')}):\n"
+            f"{entry['traceback'].rstrip()}"
+        )
+    return exc
+
+
+def _rebuilt(cls: type[BaseException] | None, message: str) -> BaseException | None:
+    if cls is None:
+        return None
+    try:
+        exc = cls.__new__(cls)
+    except Exception:  # a __new__ that wants arguments of its own
+        return None
+    exc.args = (message,)
+    return exc
+
+
+def _imported_exception_class(path: str) -> type[BaseException] | None:
+    module_name, _, qualname = path.rpartition(".")
+    found: Any = sys.modules.get(module_name)
+    for name in qualname.split("."):
+        found = getattr(found, name, None)
+    if isinstance(found, type) and issubclass(found, BaseException):
+        return found
+    return None
 
 
 def worker_ids(attempt: int, last_worker: str | None, errors: list[dict[str, Any]]) -> list[str]:
@@ -352,11 +428,32 @@ class FinishedAnnouncer:
                 except Exception:
                     logger.exception("task_finished: cannot read task %s", row.id)
                     continue
-                send_robust(task_finished, result)
+                _send_finished(result, row)
         except Exception:
             logger.exception("task_finished: could not announce tasks %s", ids)
         finally:
             close_old_connections()
+
+
+def _send_finished(result: TaskResult, row: Any) -> None:
+    """Send ``task_finished``: for a FAILED task, while its last error is being handled.
+
+    The framework's backends send it from their ``except`` block, and receivers rely on
+    that: Django's own log line reads ``sys.exc_info()``. This thread never saw the
+    exception, so it raises the recorded one again and sends from its handler.
+    """
+    errors = _recorded_errors(row)
+    if result.status != TaskResultStatus.FAILED or not errors:
+        send_robust(task_finished, result)
+        return
+    exc = _recorded_exception(errors[-1])
+    try:
+        raise exc
+    except BaseException:
+        # This thread's frame is no part of the task's failure: the worker's traceback
+        # is the note. exc_info reads the traceback from the exception.
+        exc.__traceback__ = None
+        send_robust(task_finished, result)
 
 
 announcer = FinishedAnnouncer()

@@ -4,6 +4,7 @@ Tasks are decorated with the framework's own @task (tests/framework_tasks.py); w
 real ``runtaskworker`` subprocesses.
 """
 
+import logging
 import math
 import signal
 import sys
@@ -20,6 +21,7 @@ from django_pgqueue import cancel
 from django_pgqueue import exceptions as queue_errors
 from django_pgqueue.backends import PgQueueBackend
 from django_pgqueue.compat import (
+    FRAMEWORK,
     InvalidTaskBackendError,
     InvalidTaskError,
     TaskResultDoesNotExist,
@@ -28,8 +30,10 @@ from django_pgqueue.compat import (
     task,
     task_backends,
     task_enqueued,
+    task_finished,
 )
-from django_pgqueue.framework import LeaseExpired
+from django_pgqueue.exceptions import Cancelled
+from django_pgqueue.framework import FinishedAnnouncer, LeaseExpired, RecordedError
 from django_pgqueue.models import Task
 from django_pgqueue.registry import registry
 from tests import framework_tasks, tasks
@@ -129,7 +133,7 @@ def test_the_retry_policy_and_timeout_from_options_are_frozen_on_the_row():
     patient_row = Task.objects.get(pk=int(patient.id))
     assert default_row.max_attempts == 3
     assert default_row.retry_policy == {"base": 0.05, "factor": 1.0, "cap": 0.05, "jitter": 0.0}
-    assert default_row.timeout is None
+    assert default_row.timeout == timedelta(hours=1)  # DEFAULT_TIMEOUT
     assert patient_row.max_attempts == 2
     assert patient_row.retry_policy == {"base": 3600, "factor": 1, "cap": 3600, "jitter": 0}
     assert patient_row.timeout == timedelta(seconds=1)
@@ -158,6 +162,49 @@ def test_a_cancelled_task_reads_failed():
     assert result.finished_at is not None
     with pytest.raises(ValueError, match="Task failed"):
         _ = result.return_value
+
+
+@in_transaction
+def test_a_task_cancelled_before_it_started_lists_a_cancelled_error():
+    result = framework_tasks.add.enqueue(1, 2)
+
+    cancel(int(result.id))
+    result.refresh()
+
+    assert [e.exception_class for e in result.errors] == [Cancelled]
+    assert f"task {result.id} was cancelled before it started" in result.errors[0].traceback
+
+
+@in_transaction
+def test_a_cancelled_task_whose_handler_raised_its_own_error_ends_with_a_cancelled_error():
+    row = TaskFactory(
+        task_name="tests.framework_tasks.fail",
+        metadata=MARKER,
+        state="cancelled",
+        attempt=1,
+        errors=[error_entry("builtins.ValueError", "stopping as asked")],
+    )
+
+    result = task_backends["default"].get_result(str(row.pk))
+
+    assert [e.exception_class for e in result.errors] == [ValueError, Cancelled]
+    assert f"task {row.pk} was cancelled after attempt 1" in result.errors[1].traceback
+    assert result.attempts == 1
+
+
+@in_transaction
+def test_a_cancellation_the_worker_recorded_is_not_listed_twice():
+    row = TaskFactory(
+        task_name="tests.framework_tasks.fail",
+        metadata=MARKER,
+        state="cancelled",
+        attempt=1,
+        errors=[error_entry("Cancelled", "cancelled")],
+    )
+
+    result = task_backends["default"].get_result(str(row.pk))
+
+    assert [e.exception_class for e in result.errors] == [Cancelled]
 
 
 @in_transaction
@@ -496,14 +543,16 @@ def test_return_values_follow_the_frameworks_json_rules(start_worker):
 
 
 @with_worker
-def test_a_return_value_jsonb_cannot_store_fails_the_task_without_retrying(start_worker):
+def test_a_return_value_that_cannot_be_stored_fails_as_a_type_error_without_retrying(
+    start_worker,
+):
     result = framework_tasks.returns_nan.enqueue()
 
     run_burst(start_worker)
     result.refresh()
 
     assert (result.status, result.attempts) == (FAILED, 1)
-    assert result.errors[0].exception_class is queue_errors.InvalidTaskError
+    assert result.errors[0].exception_class is TypeError
     assert "result: nan is not valid JSON" in result.errors[0].traceback
 
 
@@ -587,3 +636,94 @@ def test_receivers_that_raise_change_neither_the_outcome_nor_the_worker(start_wo
     assert after.return_value == 3
     assert worker.proc.poll() is None
     assert "RuntimeError: started receiver fails" in worker.log()
+
+
+def error_entry(kind: str, message: str) -> dict:
+    """An error entry as the worker writes it for an attempt (attempt 1)."""
+    return {
+        "attempt": 1,
+        "type": kind,
+        "message": message,
+        "traceback": f"Traceback (most recent call last):\n  in fail\n{kind}: {message}\n",
+        "worker_id": "host-1-abc123",
+    }
+
+
+def announce(task_id: int) -> None:
+    """Send task_finished for a settled task as a worker does, and wait until it is sent."""
+    announcer = FinishedAnnouncer()
+    announcer.put(task_id)
+    announcer.stop(timeout=10)
+
+
+@with_worker  # the announcer reads the row on its own connection: it must be committed
+def test_the_frameworks_log_line_for_a_failed_task_carries_its_exception(caplog):
+    row = TaskFactory(
+        task_name="tests.framework_tasks.fail",
+        metadata=MARKER,
+        state="failed",
+        attempt=1,
+        finished_at=timezone.now(),
+        errors=[error_entry("builtins.ValueError", "kaput")],
+    )
+
+    with caplog.at_level(logging.INFO, logger=FRAMEWORK):
+        announce(row.pk)
+
+    [record] = [r for r in caplog.records if r.name == FRAMEWORK]
+    assert f"Task id={row.pk} path=tests.framework_tasks.fail" in record.getMessage()
+    assert record.levelno == logging.ERROR
+    assert record.exc_info[0] is ValueError
+    assert str(record.exc_info[1]) == "kaput"
+    assert "ValueError: kaput" in caplog.text
+    assert "in fail" in caplog.text  # the worker's traceback, as a note
+
+
+@with_worker
+def test_task_finished_names_an_exception_class_this_process_never_imported_without_importing_it():
+    row = TaskFactory(
+        task_name="tests.framework_tasks.fail",
+        metadata=MARKER,
+        state="failed",
+        attempt=1,
+        finished_at=timezone.now(),
+        errors=[error_entry("tests.framework_trap.Declined", "card declined")],
+    )
+    seen = []
+
+    def receiver(sender, task_result, **kwargs):
+        seen.append(sys.exc_info()[1])
+
+    task_finished.connect(receiver)
+    try:
+        announce(row.pk)
+    finally:
+        task_finished.disconnect(receiver)
+
+    assert isinstance(seen[0], RecordedError)
+    assert str(seen[0]) == "tests.framework_trap.Declined: card declined"
+    assert "tests.framework_trap" not in sys.modules
+
+
+@with_worker
+def test_task_finished_for_a_successful_task_is_sent_outside_any_exception():
+    row = TaskFactory(
+        task_name="tests.framework_tasks.add",
+        metadata=MARKER,
+        state="succeeded",
+        attempt=1,
+        result=3,
+        finished_at=timezone.now(),
+    )
+    seen = []
+
+    def receiver(sender, task_result, **kwargs):
+        seen.append((task_result.status, sys.exc_info()))
+
+    task_finished.connect(receiver)
+    try:
+        announce(row.pk)
+    finally:
+        task_finished.disconnect(receiver)
+
+    assert seen == [(SUCCESSFUL, (None, None, None))]

@@ -172,7 +172,7 @@ class Session:
         self._deadline: float | None = None
         self._socket: socket.socket | None = None
         self._backend_pid = 0
-        self._dropped = False
+        self._dropped: str | None = None  # why the watchdog dropped the connection
         _watchdog.watch(self)
 
     @property
@@ -197,7 +197,7 @@ class Session:
         with self._lock:
             conn, self._conn = self._conn, None
             sock, self._socket = self._socket, None
-            self._dropped = False
+            self._dropped = None
         if conn is not None:
             with contextlib.suppress(Exception):  # closing a broken socket may raise
                 conn.close()
@@ -218,20 +218,14 @@ class Session:
                 self._backoff.reset()
                 return result
             except CONNECTION_ERRORS as exc:
-                if self._dropped:
-                    reason = (
-                        f"no answer in {self.timeout:g}s and the server is not running the "
-                        "statement; connection dropped"
-                    )
-                else:
-                    reason = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+                reason = self._dropped or str(exc).strip().split("\n")[0] or type(exc).__name__
                 self.close()
                 delay = self._backoff.next_delay()
                 logger.warning(
-                    "%s: database unavailable (%s); retrying in %.2fs",
+                    "%s: database unavailable (%s)%s",
                     self.name,
-                    reason or type(exc).__name__,
-                    delay,
+                    reason,
+                    f"; retrying in {delay:.2f}s" if retry else "",
                 )
                 if not retry or self.stop.wait(delay):
                     raise
@@ -254,7 +248,7 @@ class Session:
                 self._deadline is None
                 or now < self._deadline
                 or self._socket is None
-                or self._dropped
+                or self._dropped is not None
             ):
                 return None
             return self._deadline, self._backend_pid
@@ -265,12 +259,12 @@ class Session:
             if self._deadline == deadline:
                 self._deadline = now + self.timeout
 
-    def _drop(self, deadline: float) -> None:
+    def _drop(self, deadline: float, why: str) -> None:
         """Wake the blocked statement with a dead socket (it raises OperationalError)."""
         with self._lock:
             if self._deadline != deadline or self._socket is None:
                 return  # that statement has finished meanwhile
-            self._dropped = True
+            self._dropped = f"no answer in {self.timeout:g}s and {why}; connection dropped"
             with contextlib.suppress(OSError):
                 self._socket.shutdown(socket.SHUT_RDWR)
 
@@ -318,11 +312,13 @@ class _Watchdog:
             timeout = min(session.timeout for session, _, _ in waits)
             working = _working_backends(alias, [pid for _, _, pid in waits], timeout)
             for session, deadline, pid in waits:
-                if working is not None and pid in working:
+                if working is None:
+                    session._drop(deadline, "the server does not answer a new connection")
+                elif pid not in working:
+                    session._drop(deadline, "the server is not running the statement")
+                else:
                     logger.debug("%s: slow statement, but the server is running it", session.name)
                     session._give_more_time(deadline, now)
-                else:
-                    session._drop(deadline)
 
 
 def _working_backends(alias: str, pids: list[int], timeout: float) -> set[int] | None:
