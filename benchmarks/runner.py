@@ -20,6 +20,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -86,7 +87,47 @@ def server_info() -> dict[str, Any]:
 
 def reset_queue() -> None:
     with raw_connection() as conn:
-        conn.execute("TRUNCATE pgqueue_task, pgqueue_worker")
+        conn.execute("TRUNCATE pgqueue_task, pgqueue_worker, pgqueue_queue")
+
+
+# W8: what else the table holds while a clean backlog drains (one shape at a time).
+# Each is %(rows)s rows that no claim of the drain may take, in one INSERT.
+SHAPES = {
+    "scheduled": (
+        "same queue, scheduled an hour ahead, higher priority",
+        "INSERT INTO pgqueue_task (queue, task_name, priority, state, run_at) "
+        "SELECT 'default', 'benchmarks.tasks.noop', 10, 'scheduled', now() + interval '1 hour' "
+        "FROM generate_series(1, %(rows)s)",
+    ),
+    "unroutable": (
+        "due, of a task no worker runs, enqueued 10 minutes ago",
+        "INSERT INTO pgqueue_task (queue, task_name, priority, run_at, enqueued_at) "
+        "SELECT 'default', 'benchmarks.tasks.not_deployed', 10, now() - interval '10 minutes', "
+        "now() - interval '10 minutes' FROM generate_series(1, %(rows)s)",
+    ),
+    "other_queue": (
+        "another queue, due",
+        "INSERT INTO pgqueue_task (queue, task_name, priority) "
+        "SELECT 'other', 'benchmarks.tasks.noop', 10 FROM generate_series(1, %(rows)s)",
+    ),
+    "terminal": (
+        "succeeded and failed rows",
+        "INSERT INTO pgqueue_task (queue, task_name, state, attempt, finished_at) "
+        "SELECT 'default', 'benchmarks.tasks.noop', "
+        "(ARRAY['succeeded', 'failed'])[1 + n % 2], 1, now() FROM generate_series(1, %(rows)s) n",
+    ),
+    "waiting": (
+        "waiting rows, same queue",
+        "INSERT INTO pgqueue_task (queue, task_name, priority, state) "
+        "SELECT 'default', 'benchmarks.tasks.noop', 10, 'waiting' "
+        "FROM generate_series(1, %(rows)s)",
+    ),
+}
+
+
+def fill(shape: str, rows: int) -> None:
+    with raw_connection() as conn:
+        conn.execute(SHAPES[shape][1], {"rows": rows})
 
 
 # -- pgbench baseline ------------------------------------------------------------------
@@ -278,31 +319,38 @@ def w1_many(total: int, batch: int) -> dict[str, Any]:
     return {"rate": total / wall, "wall": wall}
 
 
-def drain(total: int, processes: int, backlog: int | None = None) -> dict[str, Any]:
+def drain(
+    total: int, processes: int, backlog: int | None = None, shape: tuple[str, int] | None = None
+) -> dict[str, Any]:
     """Pre-enqueue, start worker process(es), time until ``total`` tasks settled.
+
+    ``shape``: (name, rows) of SHAPES, filled in before the backlog (W8).
 
     The rate is measured on the database's clock: from the first claim (the earliest
     started_at) to the settlement of the ``total``-th task (its finished_at), so the
     Python start-up of the worker process is not counted; ``wall`` includes it.
     """
     reset_queue()
+    if shape is not None:
+        fill(*shape)
     enqueue_backlog(backlog or total)
+    done = "state = 'succeeded' AND args <> '[]'"  # W8 terminal rows have no args
     with raw_connection() as conn:
         conn.execute("VACUUM ANALYZE pgqueue_task")
         workers = [WorkerProcess(log_name=f"drain-{processes}p-{i}") for i in range(processes)]
         spawned = time.monotonic()
-        wait_for(lambda: count(conn, "state = 'succeeded'") >= total, 600, 0.1)
+        wait_for(lambda: count(conn, done) >= total, 600, 0.1)
         wall = time.monotonic() - spawned
         for worker in workers:
             worker.stop()
         first, nth = conn.execute(
             "SELECT (SELECT min(started_at) FROM pgqueue_task),"
-            " (SELECT finished_at FROM pgqueue_task WHERE state = 'succeeded'"
+            f" (SELECT finished_at FROM pgqueue_task WHERE {done}"
             "   ORDER BY finished_at OFFSET %s LIMIT 1)",
             [total - 1],
         ).fetchone()
-        duplicates = count(conn, "attempt > 1 OR jsonb_array_length(errors) > 0")
-        succeeded = count(conn, "state = 'succeeded'")
+        duplicates = count(conn, "args <> '[]' AND (attempt > 1 OR jsonb_array_length(errors) > 0)")
+        succeeded = count(conn, done)
     seconds = (nth - first).total_seconds()
     return {
         "rate": total / seconds,
@@ -310,6 +358,47 @@ def drain(total: int, processes: int, backlog: int | None = None) -> dict[str, A
         "wall": wall,
         "succeeded": succeeded,
         "duplicates": duplicates,
+    }
+
+
+def w8_claim_latency(terminal_rows: int, samples: int = 500) -> dict[str, Any]:
+    """The claim statement alone (limit 10, as a worker runs it), timed on a worker
+    connection, with ``terminal_rows`` finished rows in the table."""
+    from django_pgqueue.registry import registry
+    from django_pgqueue.sql import QUERIES
+    from django_pgqueue.worker.claimer import route_params
+    from django_pgqueue.worker.connection import connect
+
+    reset_queue()
+    for start in range(0, terminal_rows, 1_000_000):
+        fill("terminal", min(1_000_000, terminal_rows - start))
+    enqueue_backlog(samples * 10 + 1000)
+    with raw_connection() as conn:
+        conn.execute("VACUUM ANALYZE pgqueue_task")
+    routes = [(d.name, d.version) for d in registry.all()]
+    params = {
+        **route_params(["default"], routes, 60.0),
+        "limit": 10,
+        "lease_seconds": 30.0,
+        "worker_id": "benchmark",
+    }
+    times = []
+    conn = connect("default")
+    try:
+        for i in range(samples + 20):
+            params["token"] = str(uuid.uuid4())
+            started = time.perf_counter()
+            claimed = conn.execute(QUERIES["claim"], params).fetchall()
+            elapsed = (time.perf_counter() - started) * 1000
+            if i >= 20:  # the first executions prepare the statement
+                times.append(elapsed)
+            assert len(claimed) == 10, "the backlog ran out"
+    finally:
+        conn.close()
+    return {
+        "p50_ms": percentile(times, 50),
+        "p99_ms": percentile(times, 99),
+        "terminal_rows": terminal_rows,
     }
 
 
@@ -481,14 +570,25 @@ def main(argv: list[str] | None = None) -> int:
         help="one run, smaller sizes, short lease in W6: a smoke test",
     )
     parser.add_argument("--soak-tasks", type=int, default=1_000_000)
+    parser.add_argument(
+        "--shape-rows", type=int, default=1_000_000, help="W8: rows of each backlog shape"
+    )
+    parser.add_argument(
+        "--terminal-rows",
+        type=int,
+        default=10_000_000,
+        help="W8: finished rows in the table for the claim-latency measurement",
+    )
     parser.add_argument("--baseline-seconds", type=float, default=10)
     parser.add_argument("--json", type=Path, help="where to write the results")
     args = parser.parse_args(argv)
-    only = set((args.only or "W1,W2,W3,W4,W5,W6,W7").upper().split(","))
+    only = set((args.only or "W1,W2,W3,W4,W5,W6,W7,W8").upper().split(","))
     runs = 1 if args.quick else args.runs
     scale = 0.25 if args.quick else 1.0
     soak = 100_000 if args.quick else args.soak_tasks
     n = int(20_000 * scale)
+    shape_rows = int(args.shape_rows * scale)
+    terminal_rows = int(args.terminal_rows * (0.1 if args.quick else 1))
 
     url = prepare_database()
     setup_django(url)
@@ -568,6 +668,35 @@ def main(argv: list[str] | None = None) -> int:
             target=">= 0.8",
             check=lambda v, r: v >= 0.8,
         ),
+        **{
+            f"w8_{shape}": Row(
+                f"w8_{shape}",
+                f"W8 drain {n:,} beside {shape_rows:,} rows: {description}",
+                "tasks/s",
+                ratio_to="w2a",
+                target=">= 0.9x W2a",
+                check=lambda v, r: r >= 0.9,
+            )
+            for shape, (description, _) in SHAPES.items()
+        },
+        "w8_claim_empty_p50": Row("w8_claim_empty_p50", "W8 claim latency p50, empty table", "ms"),
+        "w8_claim_empty_p99": Row("w8_claim_empty_p99", "W8 claim latency p99, empty table", "ms"),
+        "w8_claim_full_p50": Row(
+            "w8_claim_full_p50",
+            f"W8 claim latency p50, {terminal_rows:,} finished rows",
+            "ms",
+            ratio_to="w8_claim_empty_p50",
+            target="<= 1.5x empty",
+            check=lambda v, r: r <= 1.5,
+        ),
+        "w8_claim_full_p99": Row(
+            "w8_claim_full_p99",
+            f"W8 claim latency p99, {terminal_rows:,} finished rows",
+            "ms",
+            ratio_to="w8_claim_empty_p99",
+            target="<= 1.5x empty",
+            check=lambda v, r: r <= 1.5,
+        ),
         "w7_rss": Row(
             "w7_rss",
             "W7 soak: worker RSS growth (2nd half / at 10%)",
@@ -595,7 +724,7 @@ def main(argv: list[str] | None = None) -> int:
             record("w1_single_1c", d["rate"], d)
             d = w1_many(n, 1000)
             record("w1_many", d["rate"], d)
-        if "W2" in only or "W4" in only:
+        if "W2" in only or "W4" in only or "W8" in only:
             d = drain(n, 1)
             record("w2a", d["rate"], d)
         if "W2" in only:
@@ -620,6 +749,17 @@ def main(argv: list[str] | None = None) -> int:
             record("w6", d["seconds"], d)
             rows["w6"].check = lambda v, r, limit=d["lease"] + 2: v <= limit
             rows["w6"].target = f"<= {d['lease'] + 2:g} s (lease + 2)"
+        if "W8" in only:
+            for shape in SHAPES:
+                d = drain(n, 1, shape=(shape, shape_rows))
+                record(f"w8_{shape}", d["rate"], d)
+        if "W8" in only and run == 0:
+            d = w8_claim_latency(0)
+            record("w8_claim_empty_p50", d["p50_ms"], d)
+            record("w8_claim_empty_p99", d["p99_ms"], {})
+            d = w8_claim_latency(terminal_rows)
+            record("w8_claim_full_p50", d["p50_ms"], d)
+            record("w8_claim_full_p99", d["p99_ms"], {})
         if "W7" in only and run == 0:
             d = w7_soak(soak)
             record("w7_ratio", d["last_over_first"], d)

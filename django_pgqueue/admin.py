@@ -50,6 +50,7 @@ _EXECUTION_SOURCES = {
 }
 
 STATE_COLOURS = {
+    TaskState.SCHEDULED: "#5b7f95",
     TaskState.PENDING: "#417690",
     TaskState.RUNNING: "#b8860b",
     TaskState.WAITING: "#6f42c1",
@@ -126,10 +127,11 @@ class DueFilter(admin.SimpleListFilter):
         return [("due", "due now"), ("scheduled", "scheduled (run_at in the future)")]
 
     def queryset(self, request, queryset):
+        # A scheduled row whose run_at has passed is due: the stager has yet to move it.
         if self.value() == "due":
-            return queryset.filter(run_at__lte=Now())
+            return queryset.filter(state__in=["pending", "scheduled"], run_at__lte=Now())
         if self.value() == "scheduled":
-            return queryset.filter(run_at__gt=Now())
+            return queryset.filter(state="scheduled", run_at__gt=Now())
         return queryset
 
 
@@ -228,8 +230,12 @@ def _delete(model_admin: TaskAdmin, request: HttpRequest, ids: list[int]) -> Non
 OPERATIONS = {
     op.name: op
     for op in (
-        Operation("retry_now", "Retry now", "change", ("pending", "failed"), _retry_now),
-        Operation("cancel", "Cancel", "change", ("pending", "waiting", "running"), _cancel),
+        Operation(
+            "retry_now", "Retry now", "change", ("scheduled", "pending", "failed"), _retry_now
+        ),
+        Operation(
+            "cancel", "Cancel", "change", ("scheduled", "pending", "waiting", "running"), _cancel
+        ),
         Operation("requeue", "Requeue (fresh attempts)", "change", ("failed",), _requeue),
         Operation("delete", "Delete", "delete", TERMINAL_STATES, _delete),
     )
@@ -271,6 +277,7 @@ class TaskAdmin(admin.ModelAdmin):
     list_display = (
         "id",
         "task_name",
+        "handler_version",
         "queue",
         "state_display",
         "attempts",
@@ -279,7 +286,7 @@ class TaskAdmin(admin.ModelAdmin):
         "age",
     )
     list_display_links = ("id", "task_name")
-    list_filter = ("state", QueueFilter, TaskNameFilter, DueFilter)
+    list_filter = ("state", QueueFilter, TaskNameFilter, "handler_version", DueFilter)
     search_fields = ("unique_key",)  # see get_search_results: exact id or unique key
     search_help_text = "An exact task id (123 or #123) or unique key."
     date_hierarchy = "enqueued_at"
@@ -388,8 +395,8 @@ class TaskAdmin(admin.ModelAdmin):
     @admin.display(description="state", ordering="state")
     def state_display(self, obj: Task) -> str:
         label = obj.state
-        if obj.state == TaskState.PENDING and obj.run_at and obj.run_at > timezone.now():
-            label = "scheduled"
+        if obj.state == TaskState.SCHEDULED and obj.run_at and obj.run_at <= timezone.now():
+            label = "scheduled (due)"
         if obj.cancel_requested and obj.state == TaskState.RUNNING:
             label = "running (cancel requested)"
         return format_html(
@@ -591,13 +598,17 @@ class QueueOverviewAdmin(admin.ModelAdmin):
         tasks_url = reverse("admin:django_pgqueue_task_changelist")
         for queue in overview["queues"]:
             for row in queue.rows:
-                base = {"queue": queue.name, "task_name": row["task_name"]}
+                base = {
+                    "queue": queue.name,
+                    "task_name": row["task_name"],
+                    "handler_version": row["handler_version"],
+                }
                 row["links"] = {
                     name: f"{tasks_url}?{urlencode({**base, **filters})}"
                     for name, filters in {
                         "all": {},
-                        "due": {"state__exact": "pending", "due": "due"},
-                        "scheduled": {"state__exact": "pending", "due": "scheduled"},
+                        "due": {"due": "due"},
+                        "scheduled": {"due": "scheduled"},
                         "running": {"state__exact": "running"},
                         "waiting": {"state__exact": "waiting"},
                         "failed": {"state__exact": "failed"},

@@ -62,6 +62,7 @@ logger = logging.getLogger("django_pgqueue.framework")
 MARKER = "tasks_framework"
 
 STATUS = {
+    "scheduled": TaskResultStatus.READY,
     "pending": TaskResultStatus.READY,
     "waiting": TaskResultStatus.READY,
     "running": TaskResultStatus.RUNNING,

@@ -182,7 +182,7 @@ _TASK_GAUGES = (
         "Tasks due that no live worker can run (no worker registered the task name and "
         "version for the queue); included in pgqueue_tasks_pending",
     ),
-    ("scheduled", "pgqueue_tasks_scheduled", "Pending tasks whose run_at is in the future"),
+    ("scheduled", "pgqueue_tasks_scheduled", "Scheduled tasks (run_at in the future)"),
     ("running", "pgqueue_tasks_running", "Tasks under a worker's lease"),
     ("waiting", "pgqueue_tasks_waiting", "Tasks waiting for a signal or timeout"),
     ("failed", "pgqueue_tasks_failed", "Dead letters: tasks failed for good, kept until DEAD_TTL"),
@@ -286,17 +286,21 @@ def queue_metric_families(
     def per_queue_values(queue: str) -> dict[str, float]:
         return queue_values.setdefault(queue, {key: 0 for key, _name, _doc in _QUEUE_GAUGES})
 
+    # The overview has a row per handler version; the gauges sum the versions of a task.
+    per_task: dict[tuple[str, str], dict[str, float]] = {}
     for row in overview:
-        labels = [row["queue"], row["task_name"]]
-        values = {
-            **row,
-            "pending": row["pending_routable"] + row["pending_unroutable"],
-        }
-        for key, family in task_families.items():
-            family.add_metric(labels, values[key])
+        values = per_task.setdefault(
+            (row["queue"], row["task_name"]), {key: 0 for key in task_families}
+        )
+        row_values = {**row, "pending": row["pending_routable"] + row["pending_unroutable"]}
+        for key in task_families:
+            values[key] += row_values[key]
         per_queue = per_queue_values(row["queue"])
         for age in ("oldest_due_seconds", "oldest_running_seconds"):
             per_queue[age] = max(per_queue[age], row[age] or 0.0)
+    for (queue, task_name), values in per_task.items():
+        for key, family in task_families.items():
+            family.add_metric([queue, task_name], values[key])
     for row in capacity:
         per_queue = per_queue_values(row["queue"])
         per_queue["workers"] = row["workers"]

@@ -242,43 +242,72 @@ def call(*args: Any, **kwargs: Any) -> Call:
 
 
 class Registry:
-    """Task name -> TaskDefinition. Filled by importing modules that use ``@task``."""
+    """(task name, handler version) -> TaskDefinition. Filled by importing modules that
+    use ``@task``.
+
+    One process may hold several versions of a task (the old handler kept beside the
+    new one during a rollout): each is routed by (name, version), and a worker claims
+    exactly the pairs registered here.
+    """
 
     def __init__(self) -> None:
-        self._tasks: dict[str, TaskDefinition] = {}
+        self._tasks: dict[str, dict[int, TaskDefinition]] = {}
         self._lock = threading.Lock()
 
     def register(self, definition: TaskDefinition) -> None:
         with self._lock:
-            existing = self._tasks.get(definition.name)
+            versions = self._tasks.setdefault(definition.name, {})
+            existing = versions.get(definition.version)
             if existing is not None and _origin(existing.func) != _origin(definition.func):
                 raise ImproperlyConfigured(
-                    f"task name {definition.name!r} is registered twice: by "
-                    f"{_origin(existing.func)} and by {_origin(definition.func)}; "
-                    "give one of them another name=..."
+                    f"task {definition.name!r} version {definition.version} is registered "
+                    f"twice: by {_origin(existing.func)} and by {_origin(definition.func)}; "
+                    "give one of them another name=... or version=..."
                 )
-            self._tasks[definition.name] = definition
+            versions[definition.version] = definition
 
-    def unregister(self, name: str) -> None:
+    def unregister(self, name: str, version: int | None = None) -> None:
+        """Forget a task (every version of it, unless ``version`` is given)."""
         with self._lock:
-            self._tasks.pop(name, None)
+            if version is None:
+                self._tasks.pop(name, None)
+                return
+            versions = self._tasks.get(name, {})
+            versions.pop(version, None)
+            if not versions:
+                self._tasks.pop(name, None)
 
-    def get(self, name: str) -> TaskDefinition:
-        try:
-            return self._tasks[name]
-        except KeyError:
-            known = ", ".join(sorted(self._tasks)) or "(none)"
+    def get(self, name: str, version: int | None = None) -> TaskDefinition:
+        """The definition of ``name`` at ``version`` (default: the newest registered)."""
+        versions = self._tasks.get(name)
+        if versions and version is None:
+            return versions[max(versions)]
+        if versions and version in versions:
+            return versions[version]
+        if versions:
             raise TaskNotRegistered(
-                f"task {name!r} is not registered in this process; known tasks: {known}. "
-                "Is the module that defines it imported (an installed app's tasks.py, or "
-                "PGQUEUE['TASK_MODULES'])?"
-            ) from None
+                f"task {name!r} version {version} is not registered in this process; "
+                f"registered versions: {', '.join(map(str, sorted(versions)))}. Keep the old "
+                "handler beside the new one (@task(name=..., version=...)) while rows of "
+                "that version remain"
+            )
+        known = ", ".join(sorted(self._tasks)) or "(none)"
+        raise TaskNotRegistered(
+            f"task {name!r} is not registered in this process; known tasks: {known}. "
+            "Is the module that defines it imported (an installed app's tasks.py, or "
+            "PGQUEUE['TASK_MODULES'])?"
+        )
 
     def __contains__(self, name: object) -> bool:
         return name in self._tasks
 
     def all(self) -> list[TaskDefinition]:
-        return sorted(self._tasks.values(), key=lambda d: d.name)
+        """Every registered (name, version), by name then version."""
+        return [
+            definition
+            for name in sorted(self._tasks)
+            for _, definition in sorted(self._tasks[name].items())
+        ]
 
 
 def _origin(func: Callable[..., Any]) -> str:

@@ -12,10 +12,11 @@ from psycopg.rows import class_row
 from django_pgqueue.registry import registry
 from django_pgqueue.sql import QUERIES
 from django_pgqueue.worker.claimed import ClaimedTask
+from django_pgqueue.worker.claimer import route_params
 
 
-def all_routes() -> list[str]:
-    return [d.route for d in registry.all()]
+def all_routes() -> list[tuple[str, int]]:
+    return [(d.name, d.version) for d in registry.all()]
 
 
 def claim(
@@ -23,24 +24,23 @@ def claim(
     limit: int = 1,
     worker_id: str = "w1",
     *,
-    queue: str = "default",
-    routes: list[str] | None = None,
+    queue: str | list[str] = "default",
+    routes: list[tuple[str, int]] | None = None,
     lease: float = 30,
     starvation: float = 3600,
 ) -> list[ClaimedTask]:
+    """One claim statement, as the worker's claimer runs it (after staging due rows)."""
+    queues = [queue] if isinstance(queue, str) else queue
+    conn.execute(QUERIES["stage"], {"queues": queues, "limit": 1000})
+    params = {
+        **route_params(queues, all_routes() if routes is None else routes, starvation),
+        "limit": limit,
+        "token": str(uuid.uuid4()),
+        "lease_seconds": lease,
+        "worker_id": worker_id,
+    }
     with conn.cursor(row_factory=class_row(ClaimedTask)) as cursor:
-        return cursor.execute(
-            QUERIES["claim"],
-            {
-                "queue": queue,
-                "limit": limit,
-                "routes": all_routes() if routes is None else routes,
-                "token": str(uuid.uuid4()),
-                "lease_seconds": lease,
-                "starvation_seconds": starvation,
-                "worker_id": worker_id,
-            },
-        ).fetchall()
+        return cursor.execute(QUERIES["claim"], params).fetchall()
 
 
 def settle(conn: psycopg.Connection, outcomes: list[dict[str, Any]]) -> dict[int, str]:

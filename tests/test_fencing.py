@@ -147,7 +147,7 @@ def test_release_hands_the_task_back_after_the_release_delay_without_refunding_t
     settle(pg, [released(mine).as_row()])
 
     stored = row(pg, task_id)
-    assert (stored["state"], stored["attempt"], stored["lease_token"]) == ("pending", 1, None)
+    assert (stored["state"], stored["attempt"], stored["lease_token"]) == ("scheduled", 1, None)
     # Not at once: the releasing process exits first (its handler thread dies with it).
     assert claim(pg, limit=1, worker_id="w-b") == []
     (due_in,) = pg.execute(

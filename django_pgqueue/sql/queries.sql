@@ -159,9 +159,12 @@ SELECT nextval(pg_get_serial_sequence('pgqueue_task', 'id'));
 -- * Starvation escape, bounded fleet-wide: when a queue's oldest due task (per route,
 --   through pgqueue_task_due) has waited longer than the starvation timeout, one claim
 --   in the whole fleet per window may take it regardless of priority. The window is
---   the queue's row in pgqueue_queue (last_escape_at), locked with SKIP LOCKED only
---   when a task is starving and the window has passed, then moved on by this statement.
---   Under a sustained backlog of old work, priority still decides every other start.
+--   the queue's row in pgqueue_queue (last_escape_at, created on first use). It is
+--   only read while closed (no lock: claims under a sustained backlog never queue up
+--   on it); once it is open and a task is starving, the upsert in window_taken moves
+--   it on, and a concurrent claim doing the same waits for this one, re-checks, and
+--   escapes nothing. Under a sustained backlog of old work, priority still decides
+--   every other start.
 -- * attempt is incremented here, by the claim, so a task that kills its worker every
 --   time still runs out of attempts (see recover_expired_leases).
 -- * The lease token is the worker's, one per claim statement (%(token)s): if the reply
@@ -177,9 +180,18 @@ WITH routes AS (
       FROM unnest(%(route_queues)s::text[], %(route_names)s::text[],
                   %(route_versions)s::int[]) AS r(queue, task_name, version)
 ),
+window_open AS MATERIALIZED (
+    SELECT q.queue
+      FROM unnest(%(queues)s::text[]) AS q(queue)
+     WHERE NOT EXISTS (
+               SELECT 1
+                 FROM pgqueue_queue AS w
+                WHERE w.name = q.queue
+                  AND w.last_escape_at > now() - make_interval(secs => %(escape_window_seconds)s))
+),
 starving AS MATERIALIZED (
     SELECT s.queue, s.id
-      FROM unnest(%(queues)s::text[]) AS q(queue),
+      FROM window_open AS q,
            LATERAL (
                SELECT o.id, q.queue
                  FROM routes AS r,
@@ -198,26 +210,22 @@ starving AS MATERIALIZED (
                 LIMIT 1
            ) AS s
 ),
-window_open AS MATERIALIZED (
-    SELECT w.name
-      FROM pgqueue_queue AS w
-     WHERE w.name IN (SELECT queue FROM starving)
-       AND w.last_escape_at <= now() - make_interval(secs => %(escape_window_seconds)s)
-       FOR NO KEY UPDATE SKIP LOCKED
+window_taken AS (
+    INSERT INTO pgqueue_queue AS w (name, last_escape_at)
+    SELECT queue, now() FROM starving
+        ON CONFLICT (name) DO UPDATE
+       SET last_escape_at = now()
+     WHERE w.last_escape_at <= now() - make_interval(secs => %(escape_window_seconds)s)
+    RETURNING w.name
 ),
 escaped AS MATERIALIZED (
-    SELECT t.id, t.queue
+    SELECT t.id
       FROM starving AS s
-      JOIN window_open AS w ON w.name = s.queue
+      JOIN window_taken AS w ON w.name = s.queue
       JOIN pgqueue_task AS t ON t.id = s.id
      WHERE t.state = 'pending'
      LIMIT %(limit)s
        FOR NO KEY UPDATE OF t SKIP LOCKED
-),
-window_moved AS (
-    UPDATE pgqueue_queue AS w
-       SET last_escape_at = now()
-     WHERE w.name IN (SELECT queue FROM escaped)
 ),
 candidates AS MATERIALIZED (
     SELECT c.id, c.priority, c.run_at

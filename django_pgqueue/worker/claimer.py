@@ -72,17 +72,7 @@ class Claimer:
         self.worker_id = worker_id
         self.queues = queues
         self.routes = routes
-        # Every (queue, task name, version) this worker can run: the claim's routes.
-        pairs = [(q, name, version) for q in queues for name, version in routes]
-        self._route_params = {
-            "queues": list(queues),
-            "route_queues": [p[0] for p in pairs],
-            "route_names": [p[1] for p in pairs],
-            "route_versions": [p[2] for p in pairs],
-            "starvation_seconds": starvation_timeout,
-            # One starving task per queue may jump the priority order per window.
-            "escape_window_seconds": starvation_timeout / 10,
-        }
+        self._route_params = route_params(queues, routes, starvation_timeout)
         self._stage_at = 0.0  # monotonic: stage before the next claim once past it
         self.slots = slots
         self.inflight = inflight
@@ -252,6 +242,23 @@ class Claimer:
             self._stage_at = min(self._stage_at, time.monotonic() + seconds)
             timeout = min(timeout, seconds)
         return timeout
+
+def route_params(
+    queues: list[str], routes: list[tuple[str, int]], starvation_timeout: float
+) -> dict[str, object]:
+    """The claim's parameters that name what a worker can take: every (queue, task
+    name, version) it can run, and its starvation escape (one starving task per queue
+    may jump the priority order per tenth of the starvation timeout)."""
+    triples = [(queue, name, version) for queue in queues for name, version in routes]
+    return {
+        "queues": list(queues),
+        "route_queues": [t[0] for t in triples],
+        "route_names": [t[1] for t in triples],
+        "route_versions": [t[2] for t in triples],
+        "starvation_seconds": starvation_timeout,
+        "escape_window_seconds": starvation_timeout / 10,
+    }
+
 
 def _fetch(conn: psycopg.Connection, query: str, params: dict) -> list[ClaimedTask]:
     with conn.cursor(row_factory=class_row(ClaimedTask)) as cursor:

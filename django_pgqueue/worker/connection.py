@@ -76,8 +76,10 @@ def connection_params(alias: str) -> dict[str, Any]:
     # stale statistics (a bulk enqueue into a table last analyzed when it was empty) the
     # planner once chose a bitmap scan and a sort of the whole backlog for the claim:
     # 0.8 s per claim instead of 0.3 ms. Disabling those two plan shapes on the worker's
-    # own connections keeps the plans index-ordered; the EXPLAIN tests pin them.
-    options = ["-c enable_sort=off", "-c enable_bitmapscan=off"]
+    # own connections keeps the plans index-ordered; the EXPLAIN tests pin them. A
+    # disabled plan shape is priced enormous rather than forbidden, and that price would
+    # make PostgreSQL JIT-compile a statement that runs in microseconds: no JIT either.
+    options = ["-c enable_sort=off", "-c enable_bitmapscan=off", "-c jit=off"]
     if prepared:
         # PostgreSQL would otherwise re-plan the claim on every execution (its custom
         # plans look cheaper than the generic one), which costs more than the claim.

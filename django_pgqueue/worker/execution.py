@@ -68,7 +68,7 @@ def execute(task: ClaimedTask, database: str, async_runner: AsyncRunner | None) 
 
 def _execute(task: ClaimedTask, database: str, async_runner: AsyncRunner | None) -> Outcome:
     try:
-        definition = registry.get(task.task_name)
+        definition = registry.get(task.task_name, task.handler_version)
     except TaskNotRegistered as exc:  # the claim filters on routes; defensive only
         return outcomes.failed(task, outcomes.error_entry(task, exc), retryable=False)
     problem = check_stored_call(task.args, task.kwargs)

@@ -274,7 +274,7 @@ class Settler:
         if not task_settled.receivers:
             return
         try:
-            definition = registry.get(task.task_name)
+            definition = registry.get(task.task_name, task.handler_version)
         except TaskNotRegistered:
             return
         results = task_settled.send_robust(

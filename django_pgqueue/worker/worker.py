@@ -84,7 +84,7 @@ class Worker:
         self.stats = WorkerStats()
         self.inflight = InFlight()
         definitions = registry.all()
-        self.routes = [d.route for d in definitions]
+        self.routes = [(d.name, d.version) for d in definitions]
         self._async_runner = AsyncRunner() if any(d.is_async for d in definitions) else None
         self._stop_requested = threading.Event()
         self._signals = 0
@@ -186,7 +186,7 @@ class Worker:
             self.options.concurrency,
             self.options.lease_seconds,
             self.options.heartbeat_seconds,
-            ",".join(self.routes),
+            ",".join(f"{name}@{version}" for name, version in self.routes),
         )
         try:
             while not self._stop_requested.wait(0.05 if self.options.burst else 1.0):

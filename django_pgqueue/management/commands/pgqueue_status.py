@@ -85,7 +85,8 @@ def render_table(snapshot: dict[str, Any]) -> str:
     groups = group_by_queue(snapshot["tasks"], snapshot["queues"])
     for group in groups:
         for row in group.rows:
-            lines.append([group.name, row["task_name"], *(_cell(row, key) for _, key in COLUMNS)])
+            task = f"{row['task_name']}@{row['handler_version']}"
+            lines.append([group.name, task, *(_cell(row, key) for _, key in COLUMNS)])
     widths = [
         max(len(str(cell)) for cell in column) for column in zip(header, *lines, strict=False)
     ]
