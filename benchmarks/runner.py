@@ -29,7 +29,8 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "benchmarks" / "results"
-BENCH_DB = "pgqueue_bench"
+# Dropped and created again by every run: name another one to run beside someone else.
+BENCH_DB = os.environ.get("PGQUEUE_BENCH_DB", "pgqueue_bench")
 
 
 # -- database and environment ----------------------------------------------------------
@@ -320,10 +321,16 @@ def w1_many(total: int, batch: int) -> dict[str, Any]:
 
 
 def drain(
-    total: int, processes: int, backlog: int | None = None, shape: tuple[str, int] | None = None
+    total: int,
+    processes: int,
+    backlog: int | None = None,
+    execution: str = "thread",
+    shape: tuple[str, int] | None = None,
 ) -> dict[str, Any]:
     """Pre-enqueue, start worker process(es), time until ``total`` tasks settled.
 
+    ``execution`` is the workers' --execution: "process" runs every handler in the
+    worker's prefork pool of child processes, so each task also crosses two pipes.
     ``shape``: (name, rows) of SHAPES, filled in before the backlog (W8).
 
     The rate is measured on the database's clock: from the first claim (the earliest
@@ -337,7 +344,10 @@ def drain(
     done = "state = 'succeeded' AND args <> '[]'"  # W8 terminal rows have no args
     with raw_connection() as conn:
         conn.execute("VACUUM ANALYZE pgqueue_task")
-        workers = [WorkerProcess(log_name=f"drain-{processes}p-{i}") for i in range(processes)]
+        workers = [
+            WorkerProcess("--execution", execution, log_name=f"drain-{processes}p-{execution}-{i}")
+            for i in range(processes)
+        ]
         spawned = time.monotonic()
         wait_for(lambda: count(conn, done) >= total, 600, 0.1)
         wall = time.monotonic() - spawned
@@ -563,7 +573,11 @@ class Row:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__)
     parser.add_argument("--runs", type=int, default=3, help="runs of each workload (median)")
-    parser.add_argument("--only", help="comma-separated workloads: W1,W2,W3,W4,W5,W6,W7")
+    parser.add_argument(
+        "--only",
+        help="comma-separated workloads: W1,W2,W3,W4,W5,W6,W7; also W2a (W2's 1-process "
+        "drain alone) and W2a-process (the same drain with --execution process)",
+    )
     parser.add_argument(
         "--quick",
         action="store_true",
@@ -630,6 +644,12 @@ def main(argv: list[str] | None = None) -> int:
             ratio_to="baseline",
             target=">= 2.5x baseline",
             check=lambda v, r: r >= 2.5,
+        ),
+        "w2a_process": Row(
+            "w2a_process",
+            f"W2a drain {n:,}, 1 process, --execution process",
+            "tasks/s",
+            ratio_to="w2a",
         ),
         "w2b": Row(
             "w2b",
@@ -724,9 +744,12 @@ def main(argv: list[str] | None = None) -> int:
             record("w1_single_1c", d["rate"], d)
             d = w1_many(n, 1000)
             record("w1_many", d["rate"], d)
-        if "W2" in only or "W4" in only or "W8" in only:
+        if only & {"W2", "W2A", "W4", "W8"}:
             d = drain(n, 1)
             record("w2a", d["rate"], d)
+        if "W2A-PROCESS" in only:
+            d = drain(n, 1, execution="process")
+            record("w2a_process", d["rate"], d)
         if "W2" in only:
             d = drain(n, 2)
             record("w2b", d["rate"], d)

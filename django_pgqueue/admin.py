@@ -3,7 +3,8 @@
 Nothing here writes a task row through a model form. Every change goes through
 ``operations`` (named, state-checked SQL), so an operator can never overwrite a row a
 worker holds: retry and requeue only match pending or dead rows, cancel of a running
-task only sets ``cancel_requested``, delete only matches finished rows.
+task only sets ``cancel_requested`` (and ``cancel_hard`` for "Cancel (kill the
+handler)", which a process-mode worker acts on), delete only matches finished rows.
 
 Permissions are Django's model permissions, staff only (the admin site's login):
 viewing tasks, the overview and the workers needs ``view_task`` (or ``change_task``);
@@ -171,20 +172,36 @@ def _retry_now(model_admin: TaskAdmin, request: HttpRequest, ids: list[int]) -> 
     )
 
 
-def _cancel(model_admin: TaskAdmin, request: HttpRequest, ids: list[int]) -> None:
+def _cancel(
+    model_admin: TaskAdmin, request: HttpRequest, ids: list[int], hard: bool = False
+) -> None:
     cancelled, requested = [], []
     with transaction.atomic(using=get_settings().DATABASE):
         for task_id in ids:
-            result = operations.cancel(task_id)
+            result = operations.cancel(task_id, hard=hard)
             if result == "cancelled":
                 cancelled.append(task_id)
             elif result == "cancel_requested":
                 requested.append(task_id)
     model_admin.log(request, cancelled, CHANGE, "Cancelled.")
-    model_admin.log(request, requested, CHANGE, "Cancel requested (the task was running).")
+    model_admin.log(
+        request,
+        requested,
+        CHANGE,
+        "Kill requested (the task was running)."
+        if hard
+        else "Cancel requested (the task was running).",
+    )
     if cancelled:
         messages.success(request, f"Cancelled {len(cancelled)} task(s).")
-    if requested:
+    if requested and hard:
+        messages.success(
+            request,
+            f"Requested a kill of {len(requested)} running task(s): workers running "
+            "handlers in processes kill them at their next heartbeat and record them "
+            "cancelled; workers running handlers in threads can only ask them to stop.",
+        )
+    elif requested:
         messages.success(
             request,
             f"Requested cancellation of {len(requested)} running task(s): their handlers "
@@ -198,6 +215,10 @@ def _cancel(model_admin: TaskAdmin, request: HttpRequest, ids: list[int]) -> Non
             f"Skipped {skipped} of {len(ids)}: only pending, waiting and running tasks can "
             "be cancelled.",
         )
+
+
+def _cancel_hard(model_admin: TaskAdmin, request: HttpRequest, ids: list[int]) -> None:
+    _cancel(model_admin, request, ids, hard=True)
 
 
 def _requeue(model_admin: TaskAdmin, request: HttpRequest, ids: list[int]) -> None:
@@ -236,12 +257,19 @@ OPERATIONS = {
         Operation(
             "cancel", "Cancel", "change", ("scheduled", "pending", "waiting", "running"), _cancel
         ),
+        Operation(
+            "cancel_hard",
+            "Cancel (kill the handler)",
+            "change",
+            ("running",),
+            _cancel_hard,
+        ),
         Operation("requeue", "Requeue (fresh attempts)", "change", ("failed",), _requeue),
         Operation("delete", "Delete", "delete", TERMINAL_STATES, _delete),
     )
 }
 
-DETAIL_BUTTONS = ("retry_now", "cancel", "requeue")
+DETAIL_BUTTONS = ("retry_now", "cancel", "cancel_hard", "requeue")
 
 
 def _action(op: Operation, description: str):
@@ -298,6 +326,7 @@ class TaskAdmin(admin.ModelAdmin):
     actions = [
         _action(OPERATIONS["retry_now"], "Retry now (pending or dead tasks)"),
         _action(OPERATIONS["cancel"], "Cancel (running tasks: request cancellation)"),
+        _action(OPERATIONS["cancel_hard"], "Cancel (kill the handler)"),
         _action(OPERATIONS["requeue"], "Requeue dead letters with a fresh attempt budget"),
         _action(OPERATIONS["delete"], "Delete finished tasks"),
     ]

@@ -42,6 +42,11 @@ DEFAULTS: dict[str, Any] = {
     "STARVATION_TIMEOUT": 60.0,
     "TIMEOUT_GRACE": 10.0,
     "WRITE_OFF_LIMIT": 3,
+    # "thread": handlers run in the worker's slot threads. "process": each slot owns a
+    # child process (the prefork pool), so a handler past its timeout, or cancelled with
+    # hard=True, is killed: told to stop, then SIGKILLed after KILL_GRACE seconds.
+    "EXECUTION": "thread",
+    "KILL_GRACE": 2.0,
     "PREPARED_STATEMENTS": True,
     # How long a worker connection may go without an answer from PostgreSQL before it is
     # taken for dead and dropped: bounds each statement (a server that is working on it
@@ -96,6 +101,8 @@ class PgQueueSettings:
     STARVATION_TIMEOUT: float
     TIMEOUT_GRACE: float
     WRITE_OFF_LIMIT: int
+    EXECUTION: str
+    KILL_GRACE: float
     PREPARED_STATEMENTS: bool
     DEAD_CONNECTION_TIMEOUT: float
     ASYNC_CLAIMS: bool

@@ -27,13 +27,18 @@ def get_task(task_id: int) -> Task:
         raise TaskDoesNotExist(f"no task with id {task_id!r}") from None
 
 
-def cancel(task_id: int) -> str | None:
+def cancel(task_id: int, hard: bool = False) -> str | None:
     """Cancel a task. Returns ``"cancelled"`` (it was pending or waiting: done at once),
     ``"cancel_requested"`` (it is running: its handler sees ``context.cancel_requested``
     and its settlement records cancelled), or None (no such task, or already finished).
+
+    ``hard=True`` also kills a running handler: a worker with ``EXECUTION = "process"``
+    kills the handler's process when its heartbeat sees the request (within about
+    ``HEARTBEAT_SECONDS``) and records the task cancelled, with an error saying it was
+    killed. A thread cannot be killed: in thread mode a hard cancel acts as a soft one.
     """
     with connections[get_settings().DATABASE].cursor() as cursor:
-        cursor.execute(QUERIES["cancel_task"], {"id": task_id})
+        cursor.execute(QUERIES["cancel_task"], {"id": task_id, "hard": hard})
         row = cursor.fetchone()
     if row is None:
         return None

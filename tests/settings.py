@@ -64,10 +64,21 @@ else:
 
 PGQUEUE = {
     "QUEUES": ["default"],
-    "TASK_MODULES": ["tests.tasks", "tests.framework_tasks"],
+    "TASK_MODULES": [
+        "tests.tasks", "tests.framework_tasks", "tests.fault_tasks", "tests.ledger_tasks",
+        "tests.prefork_tasks",
+    ],
     "DEFAULT_BACKOFF": {"base": 0.05, "factor": 2.0, "cap": 0.2, "jitter": 0.0},
     "POLL_INTERVAL": 0.5,
 }
+# tests/test_watchdog.py shrinks the watchdog's thresholds in the workers it starts.
+if "PGQUEUE_TEST_TIMEOUT_GRACE" in os.environ:
+    PGQUEUE["TIMEOUT_GRACE"] = float(os.environ["PGQUEUE_TEST_TIMEOUT_GRACE"])
+if "PGQUEUE_TEST_WRITE_OFF_LIMIT" in os.environ:
+    PGQUEUE["WRITE_OFF_LIMIT"] = int(os.environ["PGQUEUE_TEST_WRITE_OFF_LIMIT"])
+# tests/test_outage.py shortens dead-connection detection in the workers it starts.
+if "PGQUEUE_TEST_DEAD_CONNECTION_TIMEOUT" in os.environ:
+    PGQUEUE["DEAD_CONNECTION_TIMEOUT"] = float(os.environ["PGQUEUE_TEST_DEAD_CONNECTION_TIMEOUT"])
 
 # Django's Tasks framework on this queue (tests/test_backend.py). "patient" retries an
 # hour later and times attempts out after 1 s, so a test can watch a task between tries.

@@ -729,14 +729,32 @@ SELECT pg_has_role(current_user, c.relowner, 'USAGE')
 -- name: cancel_task
 -- Cancel: a scheduled, pending or waiting task ends cancelled at once; a running one gets
 -- cancel_requested, which its handler sees (context.cancel_requested) and its
--- settlement turns into cancelled. Terminal tasks are left alone.
+-- settlement turns into cancelled. Terminal tasks are left alone. hard also sets
+-- cancel_hard: the worker's heartbeat reads it (heartbeat) and, in process execution
+-- mode, kills the handler's process. A hard request is never downgraded by a soft one.
 UPDATE pgqueue_task
    SET state = CASE WHEN state = 'running' THEN state ELSE 'cancelled' END,
        finished_at = CASE WHEN state = 'running' THEN finished_at ELSE now() END,
-       cancel_requested = true
+       cancel_requested = true,
+       cancel_hard = cancel_hard OR %(hard)s
  WHERE id = %(id)s
    AND state IN ('scheduled', 'pending', 'waiting', 'running')
 RETURNING id, state;
+
+
+-- name: working_backends
+-- The connection watchdog's question, asked on a fresh short connection about worker
+-- connections whose statement has had no answer for DEAD_CONNECTION_TIMEOUT: which of
+-- these backends are running a statement right now? One that is idle (the statement
+-- or its answer was lost on the way) or blocked sending its answer (ClientWrite:
+-- nobody reads it) is not working for us any more: the worker drops that socket and
+-- reconnects. One that is running (a long VACUUM, a lock wait) is only slow, and its
+-- statement gets more time.
+SELECT pid
+  FROM pg_stat_activity
+ WHERE pid = ANY (%(pids)s)
+   AND state = 'active'
+   AND wait_event IS DISTINCT FROM 'ClientWrite';
 
 
 -- name: register_worker

@@ -48,18 +48,6 @@ MAX_CONNECT_TIMEOUT = 5
 # How often the watchdog looks for statements that have waited too long.
 WATCH_INTERVAL = 0.25
 
-# The watchdog's question to the server about statements that have waited too long:
-# which of these backends is running a statement right now? A backend that is idle (the
-# statement or its answer was lost on the way) or blocked sending its answer
-# (ClientWrite: nobody reads it) is not working for us any more. A backend that is
-# running (a long VACUUM, a lock wait) is: its statement is left alone.
-WORKING_BACKENDS = """
-SELECT pid FROM pg_stat_activity
-WHERE pid = ANY(%(pids)s)
-  AND state = 'active'
-  AND wait_event IS DISTINCT FROM 'ClientWrite'
-"""
-
 
 def connection_params(alias: str) -> dict[str, Any]:
     """psycopg.connect() keyword arguments for a Django database alias."""
@@ -334,7 +322,7 @@ def _working_backends(alias: str, pids: list[int], timeout: float) -> set[int] |
             timer = threading.Timer(timeout, _shutdown_socket, (sock,))
             timer.start()
             try:
-                rows = conn.execute(WORKING_BACKENDS, {"pids": pids}).fetchall()
+                rows = conn.execute(QUERIES["working_backends"], {"pids": pids}).fetchall()
             finally:
                 timer.cancel()
                 sock.close()

@@ -24,6 +24,7 @@ from django_pgqueue.worker.execution import execute
 from django_pgqueue.worker.heartbeat import Heartbeat
 from django_pgqueue.worker.inflight import InFlight
 from django_pgqueue.worker.outcomes import Outcome, released
+from django_pgqueue.worker.prefork import DEADLINE_MARGIN, PreforkPool
 from django_pgqueue.worker.pruner import Pruner
 from django_pgqueue.worker.settler import Settler
 from django_pgqueue.worker.slots import SlotPool
@@ -51,6 +52,8 @@ class WorkerOptions:
     starvation_timeout: float = 0
     timeout_grace: float = 0
     write_off_limit: int = 0
+    execution: str = "thread"
+    kill_grace: float = 0
     burst: bool = False
     prune: bool = True
 
@@ -68,6 +71,8 @@ class WorkerOptions:
             starvation_timeout=conf.STARVATION_TIMEOUT,
             timeout_grace=conf.TIMEOUT_GRACE,
             write_off_limit=conf.WRITE_OFF_LIMIT,
+            execution=conf.EXECUTION,
+            kill_grace=conf.KILL_GRACE,
         )
         for key, value in overrides.items():
             if value is not None:
@@ -85,7 +90,16 @@ class Worker:
         self.inflight = InFlight()
         definitions = registry.all()
         self.routes = [(d.name, d.version) for d in definitions]
-        self._async_runner = AsyncRunner() if any(d.is_async for d in definitions) else None
+        # EXECUTION = "process": each slot's handlers run in a child process (prefork.py).
+        self.pool = (
+            PreforkPool(options.concurrency, self.alias, options.kill_grace, self.stats)
+            if options.execution == "process"
+            else None
+        )
+        self._hard_cancel_warned = False
+        self._async_runner = (
+            AsyncRunner() if self.pool is None and any(d.is_async for d in definitions) else None
+        )
         self._stop_requested = threading.Event()
         self._signals = 0
         self._first_signal_at = 0.0
@@ -98,7 +112,9 @@ class Worker:
             execute=self._execute,
             on_outcome=self.settler.put,
             stats=self.stats,
-            timeout_grace=options.timeout_grace,
+            # In process mode the pool kills an overrunning handler; the watchdog is a backstop.
+            timeout_grace=options.timeout_grace
+            + (options.kill_grace + DEADLINE_MARGIN if self.pool is not None else 0),
             write_off_limit=options.write_off_limit,
             on_recycle=self.request_recycle,
         )
@@ -123,6 +139,7 @@ class Worker:
             self.inflight,
             self.stats,
             self._register,
+            on_hard_cancel=self._on_hard_cancel,
         )
         self.sweeper = Sweeper(
             self.alias,
@@ -153,7 +170,21 @@ class Worker:
 
     # -- running ----------------------------------------------------------------------
     def _execute(self, task: ClaimedTask) -> Outcome:
+        if self.pool is not None:
+            return self.pool.execute(task)
         return execute(task, self.alias, self._async_runner)
+
+    def _on_hard_cancel(self, task: ClaimedTask) -> None:
+        if self.pool is not None:
+            self.pool.kill(task.lease)
+        elif not self._hard_cancel_warned:
+            self._hard_cancel_warned = True
+            logger.warning(
+                "%s: cancelled with hard=True, but this worker runs handlers in threads, "
+                "which cannot be killed: the handler only sees context.cancel_requested. "
+                "Run workers with --execution process for hard cancels.",
+                task.log_prefix(),
+            )
 
     def run(self, install_signals: bool = True) -> int:
         """Run until stopped (signal, burst drained, recycle). Returns the exit code."""
@@ -163,6 +194,8 @@ class Worker:
             signal.signal(signal.SIGTERM, self._on_signal)
             # A supervised child leaves Ctrl-C to its supervisor, which forwards SIGTERM.
             signal.signal(signal.SIGINT, signal.SIG_IGN if self.supervised else self._on_signal)
+        if self.pool is not None:
+            self.pool.start()
         try:
             self._register()
         except CONNECTION_ERRORS:  # raised only once a stop was requested
@@ -258,7 +291,9 @@ class Worker:
         A handler thread cannot be stopped, so a release must never let another worker
         start the task while its handler still runs here: the released row becomes due
         only ``RELEASE_DELAY`` after the release commits, and this process exits right
-        after the release is written (its handler threads die with it).
+        after the release is written (its handler threads die with it). In process
+        mode the handlers' processes are killed, and gone, before the release is put
+        on the settler: the release does not need this process to exit.
         """
         self.claimer.stop()
         deadline = time.monotonic() + self.options.shutdown_grace
@@ -268,6 +303,8 @@ class Worker:
         for component in self._maintenance():
             component.stop()
         self._unregister()
+        if unfinished and self.pool is not None:
+            self.pool.kill_running()
         for task in unfinished:
             logger.warning(
                 "%s did not finish within the grace period; releasing its lease",
@@ -275,6 +312,8 @@ class Worker:
             )
             self.settler.put(released(task))
         self.slots.stop()
+        if self.pool is not None:
+            self.pool.stop()
         self.settler.stop(timeout=10)
         counts = self.stats.snapshot()
         logger.info(
@@ -282,7 +321,7 @@ class Worker:
             self.worker_id,
             " ".join(f"{k}={v}" for k, v in sorted(counts.items())) or "no tasks",
         )
-        if unfinished:
+        if unfinished and self.pool is None:
             logger.warning(
                 "exiting now: %d released handler(s) are still running and must not "
                 "outlive the release",
@@ -316,15 +355,15 @@ class Worker:
 
     def _unregister(self) -> None:
         # The registry connection sat idle for the worker's whole life: after an outage
-        # it is dead, so try a fresh one once before leaving the row to the sweep.
-        for attempt in (1, 2):
-            try:
-                self._registry_session.call(
-                    lambda conn: conn.execute(QUERIES["unregister_worker"], {"id": self.worker_id}),
-                    retry=False,
-                )
-                break
-            except Exception:
-                if attempt == 2:
-                    logger.warning("could not remove worker row %s; the sweep will", self.worker_id)
+        # it may be dead without knowing it (a silent one would hold the exit for
+        # DEAD_CONNECTION_TIMEOUT), so leave over a fresh one, once, or leave the row
+        # to the sweep.
+        self._registry_session.close()
+        try:
+            self._registry_session.call(
+                lambda conn: conn.execute(QUERIES["unregister_worker"], {"id": self.worker_id}),
+                retry=False,
+            )
+        except Exception:
+            logger.warning("could not remove worker row %s; the sweep will", self.worker_id)
         self._registry_session.close()

@@ -65,6 +65,12 @@ class Command(BaseCommand):
             f"order (default: {conf.STARVATION_TIMEOUT:g})",
         )
         parser.add_argument(
+            "--execution",
+            choices=["thread", "process"],
+            help="run handlers in threads, or each slot's in a child process that can be "
+            f"killed on timeout and hard cancel (default: {conf.EXECUTION})",
+        )
+        parser.add_argument(
             "--burst", action="store_true", help="exit once no task is due and nothing is running"
         )
         parser.add_argument(
@@ -96,6 +102,7 @@ class Command(BaseCommand):
             sweep_interval=opts["sweep_interval"],
             shutdown_grace=opts["shutdown_grace"],
             starvation_timeout=opts["starvation_timeout"],
+            execution=opts["execution"],
             burst=opts["burst"] or None,
             prune=not opts["no_prune"],
         )
@@ -137,5 +144,11 @@ def _check(options: WorkerOptions) -> None:
             f"--heartbeat ({options.heartbeat_seconds:g}s) must be shorter than --lease "
             f"({options.lease_seconds:g}s), or every lease lapses between renewals"
         )
+    if options.execution not in ("thread", "process"):
+        raise CommandError(
+            f"PGQUEUE['EXECUTION'] is {options.execution!r}: use 'thread' or 'process'"
+        )
+    if options.kill_grace < 0:
+        raise CommandError(f"PGQUEUE['KILL_GRACE'] is {options.kill_grace:g}: use 0 or more")
     if not options.queues:
         raise CommandError("no queues to work on: pass --queues or set PGQUEUE['QUEUES']")

@@ -1,0 +1,30 @@
+"""Tasks that record every run in the ledger (tests/ledger.py), outside the database.
+
+Worker subprocesses import this module (TASK_MODULES). The handlers touch no database:
+the crash tests stop the database under them, and the ledger must outlive that.
+"""
+
+import time
+
+from django_pgqueue import TaskContext, task
+from tests.ledger import record_run
+
+
+def work_seconds(n: int) -> float:
+    """How long task ``n`` works: 20-300 ms spread over n, and 1 s for every 100th."""
+    if n % 100 == 99:
+        return 1.0
+    return 0.020 + (n * 7919 % 281) / 1000
+
+
+@task(takes_context=True, max_attempts=25)
+def ledger_run(context: TaskContext, n: int, seconds: float | None = None) -> int:
+    """Work for ``seconds`` (default: work_seconds(n)) between a start and an end record.
+
+    max_attempts is high because the chaos test burns attempts on purpose (every kill
+    and every pause past the lease costs the tasks in flight one).
+    """
+    record_run("start", context.task_id, context.attempt, context.lease_token)
+    time.sleep(work_seconds(n) if seconds is None else seconds)
+    record_run("end", context.task_id, context.attempt, context.lease_token)
+    return n
