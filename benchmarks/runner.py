@@ -115,7 +115,7 @@ SHAPES = {
         "succeeded and failed rows",
         "INSERT INTO pgqueue_task (queue, task_name, state, attempt, finished_at) "
         "SELECT 'default', 'benchmarks.tasks.noop', "
-        "(ARRAY['succeeded', 'failed'])[1 + n % 2], 1, now() FROM generate_series(1, %(rows)s) n",
+        "(ARRAY['succeeded', 'failed'])[1 + n %% 2], 1, now() FROM generate_series(1, %(rows)s) n",
     ),
     "waiting": (
         "waiting rows, same queue",

@@ -14,7 +14,8 @@ class TaskFactory(factory.django.DjangoModelFactory):
     task_name = "tests.tasks.noop"
     handler_version = 1
     priority = 0
-    state = "pending"
+    # A row due later is "scheduled", as enqueue would write it.
+    state = factory.LazyAttribute(lambda o: "scheduled" if o.run_at > timezone.now() else "pending")
     args = factory.LazyFunction(list)
     kwargs = factory.LazyFunction(dict)
     run_at = factory.LazyFunction(timezone.now)

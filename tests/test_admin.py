@@ -259,7 +259,9 @@ def test_retry_now_leaves_a_running_task_and_its_lease_alone(admin_client):
         before.attempt,
         before.run_at,
     )
-    assert any("applies to pending, failed tasks only" in m for m in messages_of(response))
+    assert any(
+        "applies to scheduled, pending, failed tasks only" in m for m in messages_of(response)
+    )
 
 
 def test_cancel_ends_a_pending_task_and_asks_a_running_one_to_stop(admin_client):

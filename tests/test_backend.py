@@ -493,7 +493,8 @@ def test_a_task_waiting_for_its_retry_reads_ready_with_its_earlier_errors(start_
     result = framework_tasks.fail.using(backend="patient").enqueue("first try")
     start_worker()
 
-    wait_until(lambda: Task.objects.filter(pk=int(result.id), attempt=1, state="pending").exists())
+    retrying = Task.objects.filter(pk=int(result.id), attempt=1, state="scheduled")
+    wait_until(retrying.exists)
     result.refresh()
 
     assert result.status == READY
@@ -510,7 +511,8 @@ def test_the_timeout_from_options_ends_an_overrunning_attempt_as_a_timeout_error
     result = framework_tasks.async_sleep.using(backend="patient").enqueue(30)
     start_worker()
 
-    wait_until(lambda: Task.objects.filter(pk=int(result.id), attempt=1, state="pending").exists())
+    retrying = Task.objects.filter(pk=int(result.id), attempt=1, state="scheduled")
+    wait_until(retrying.exists)
     result.refresh()
 
     assert result.status == READY

@@ -45,8 +45,8 @@ def test_status_prints_a_row_per_queue_and_task_with_its_counts():
     header = lines[0].split()
     assert header[:4] == ["queue", "task", "due", "unroutable"]
     rows = {tuple(line.split()[:2]): line.split() for line in lines[2:] if line.strip()}
-    assert rows[("default", "tests.tasks.noop")][3] == "2"  # unroutable: no live worker
-    assert rows[("emails", "tests.tasks.record")][7] == "1"  # dead
+    assert rows[("default", "tests.tasks.noop@1")][3] == "2"  # unroutable: no live worker
+    assert rows[("emails", "tests.tasks.record@1")][7] == "1"  # dead
 
 
 @pytest.mark.django_db

@@ -109,7 +109,7 @@ def test_sigterm_releases_unfinished_leases_for_another_worker_at_once(start_wor
     assert worker.wait(20) == 0
 
     row = Task.objects.get(pk=task_id)
-    assert (row.state, row.attempt, row.lease_token) == ("pending", 1, None)
+    assert (row.state, row.attempt, row.lease_token) == ("scheduled", 1, None)
     other = start_worker("--lease", "30")
     rerun = wait_until(lambda: Run.objects.filter(task_id=task_id, attempt=2).first(), timeout=10)
     assert rerun.pid == other.pid

@@ -40,7 +40,7 @@ def test_each_settled_run_appends_an_entry_with_its_attempt_token_worker_and_out
     history = row(pg, task_id)["executions"]
 
     assert [(e["attempt"], e["outcome"], e["state"], e["source"]) for e in history] == [
-        (1, "failure", "pending", "settle"),
+        (1, "failure", "scheduled", "settle"),
         (2, "success", "succeeded", "settle"),
     ]
     assert [e["token"] for e in history] == [first.lease_token, second.lease_token]

@@ -30,9 +30,11 @@ def live_worker(queues=("default",), routes=(("tests.tasks.noop", 1),), **kwargs
     )
 
 
-def overview_row(queue: str = "default", task_name: str = "tests.tasks.noop") -> dict:
-    rows = {(r["queue"], r["task_name"]): r for r in queue_overview()}
-    return rows[(queue, task_name)]
+def overview_row(
+    queue: str = "default", task_name: str = "tests.tasks.noop", version: int = 1
+) -> dict:
+    rows = {(r["queue"], r["task_name"], r["handler_version"]): r for r in queue_overview()}
+    return rows[(queue, task_name, version)]
 
 
 def test_the_overview_counts_each_state_per_queue_and_task():
@@ -74,12 +76,12 @@ def test_due_tasks_are_routable_only_for_a_live_worker_with_their_name_version_a
     due(queue="emails")  # a queue nobody serves
     due(task_name="tests.tasks.record")  # only a stale worker knew it
 
-    rows = {(r["queue"], r["task_name"]): r for r in queue_overview()}
+    rows = {(r["queue"], r["task_name"], r["handler_version"]): r for r in queue_overview()}
 
-    assert rows[("default", "tests.tasks.noop")]["pending_routable"] == 1
-    assert rows[("default", "tests.tasks.noop")]["pending_unroutable"] == 1
-    assert rows[("emails", "tests.tasks.noop")]["pending_unroutable"] == 1
-    assert rows[("default", "tests.tasks.record")]["pending_unroutable"] == 1
+    assert rows[("default", "tests.tasks.noop", 1)]["pending_routable"] == 1
+    assert rows[("default", "tests.tasks.noop", 2)]["pending_unroutable"] == 1
+    assert rows[("emails", "tests.tasks.noop", 1)]["pending_unroutable"] == 1
+    assert rows[("default", "tests.tasks.record", 1)]["pending_unroutable"] == 1
 
 
 def test_completed_and_failed_count_what_finished_in_the_last_5_minutes_and_hour():

@@ -9,6 +9,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from django_pgqueue.models import Task
+from django_pgqueue.sql import QUERIES
 from django_pgqueue.worker.connection import connect
 from tests import tasks
 from tests.conftest import wait_until
@@ -21,8 +22,10 @@ SLOW_POLL = ("--poll-interval", "30")
 
 @pytest.fixture
 def listener(db_url):
+    """A connection listening like a worker of the queues "default" and "other"."""
     conn = connect("default")
-    conn.execute("LISTEN pgqueue")
+    for (channel,) in conn.execute(QUERIES["listen_channels"], {"queues": ["default", "other"]}):
+        conn.execute(f'LISTEN "{channel}"')
     yield conn
     conn.close()
 
@@ -88,3 +91,27 @@ def test_polling_still_finds_work_when_no_notification_arrives(start_worker, pg)
     )
 
     assert wait_until(lambda: Run.objects.filter(label="poll").exists(), timeout=10)
+
+
+def test_each_queue_notifies_on_its_own_channel(pg):
+    (default,) = pg.execute(QUERIES["listen_channels"], {"queues": ["default"]}).fetchone()
+    pg.execute(f'LISTEN "{default}"')
+
+    tasks.other_queue.enqueue(1)  # "other" hashes to another channel than "default"
+    tasks.noop.enqueue(1)
+
+    assert [(n.channel, n.payload) for n in pg.notifies(timeout=0.3)] == [(default, "default")]
+
+
+def test_an_idle_worker_runs_no_statement_when_tasks_arrive_in_another_queue(start_worker):
+    worker = start_worker("--queues", "other", *SLOW_POLL)
+    time.sleep(1.0)  # it claims once, finds nothing, and parks
+
+    for n in range(30):
+        tasks.noop.enqueue(n)  # queue "default", one transaction each
+
+    worker.stop()
+    stats = worker.log().rsplit("stopped: ", 1)[1]
+    # Start-up: one stage, one claim, one next-due; nothing since.
+    assert "claim_statements=1 " in stats
+    assert "next_due_statements=1 " in stats

@@ -151,9 +151,10 @@ SELECT nextval(pg_get_serial_sequence('pgqueue_task', 'id'));
 -- * picked locks the best of the candidates with FOR NO KEY UPDATE SKIP LOCKED:
 --   concurrent claimers never wait on, nor take, a row another claimer has picked.
 --   Under READ COMMITTED a locked row is re-checked (EvalPlanQual), so a row claimed
---   and committed by someone else meanwhile no longer matches state = 'pending'. Each
---   route offers twice the limit, so rows locked by other claimers are skipped without
---   leaving the claim short.
+--   and committed by someone else meanwhile no longer matches state = 'pending'. The
+--   candidates are three times the limit, so rows locked by other claimers are
+--   skipped without leaving the claim short; their small, known number also keeps the
+--   planner on primary-key lookups for them (never a hash join over the backlog).
 -- * The picks are MATERIALIZED CTEs: a plain subquery may be rescanned by the join
 --   above it, and every rescan would lock (and claim) more rows than asked for.
 -- * Starvation escape, bounded fleet-wide: when a queue's oldest due task (per route,
@@ -237,8 +238,10 @@ candidates AS MATERIALIZED (
                   AND t.queue = r.queue AND t.task_name = r.task_name
                   AND t.handler_version = r.version
                 ORDER BY t.priority DESC, t.run_at, t.id
-                LIMIT %(limit)s * 2
+                LIMIT %(limit)s * 3
            ) AS c
+     ORDER BY c.priority DESC, c.run_at, c.id
+     LIMIT %(limit)s * 3
 ),
 picked AS MATERIALIZED (
     SELECT t.id

@@ -179,6 +179,7 @@ class Claimer:
             "lease_seconds": self.lease_seconds,
             "worker_id": self.worker_id,
         }
+        self.stats.incr("claim_statements")
         try:
             tasks = self.session.call(lambda conn: _fetch(conn, "claim", params), retry=False)
         except CONNECTION_ERRORS:
@@ -192,6 +193,7 @@ class Claimer:
         """Make the due scheduled rows of this worker's queues pending."""
         self._stage_at = time.monotonic() + STAGE_INTERVAL
         while True:
+            self.stats.incr("stage_statements")
             rows = self.session.call(
                 lambda conn: conn.execute(
                     QUERIES["stage"], {"queues": self.queues, "limit": STAGE_BATCH}
@@ -233,6 +235,7 @@ class Claimer:
     def _park_timeout(self) -> float:
         """Seconds to park: until the next scheduled task of our queues, or a poll."""
         timeout = self.poll_interval * random.uniform(0.9, 1.1)
+        self.stats.incr("next_due_statements")
         (seconds,) = self.session.call(
             lambda conn: conn.execute(QUERIES["next_due"], {"queues": self.queues}).fetchone(),
             retry=False,
