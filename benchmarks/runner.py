@@ -184,7 +184,7 @@ def pgbench_baseline(seconds: float) -> float:
 
 # -- workers ---------------------------------------------------------------------------
 class WorkerProcess:
-    def __init__(self, *args: str, log_name: str) -> None:
+    def __init__(self, *args: str, log_name: str, env: dict[str, str] | None = None) -> None:
         RESULTS.mkdir(parents=True, exist_ok=True)
         self.log_path = RESULTS / f"{log_name}.log"
         self._log = open(self.log_path, "ab")  # noqa: SIM115 - closed in stop()
@@ -199,7 +199,7 @@ class WorkerProcess:
                 *args,
             ],
             cwd=REPO,
-            env={**os.environ, "PYTHONPATH": str(REPO)},
+            env={**os.environ, "PYTHONPATH": str(REPO), **(env or {})},
             stdout=self._log,
             stderr=subprocess.STDOUT,
         )
@@ -326,12 +326,14 @@ def drain(
     backlog: int | None = None,
     execution: str = "thread",
     shape: tuple[str, int] | None = None,
+    async_claims: bool = False,
 ) -> dict[str, Any]:
     """Pre-enqueue, start worker process(es), time until ``total`` tasks settled.
 
     ``execution`` is the workers' --execution: "process" runs every handler in the
     worker's prefork pool of child processes, so each task also crosses two pipes.
     ``shape``: (name, rows) of SHAPES, filled in before the backlog (W8).
+    ``async_claims``: the workers run with PGQUEUE["ASYNC_CLAIMS"] (the opt-in).
 
     The rate is measured on the database's clock: from the first claim (the earliest
     started_at) to the settlement of the ``total``-th task (its finished_at), so the
@@ -345,7 +347,12 @@ def drain(
     with raw_connection() as conn:
         conn.execute("VACUUM ANALYZE pgqueue_task")
         workers = [
-            WorkerProcess("--execution", execution, log_name=f"drain-{processes}p-{execution}-{i}")
+            WorkerProcess(
+                "--execution",
+                execution,
+                log_name=f"drain-{processes}p-{execution}-{i}",
+                env={"PGQUEUE_BENCH_ASYNC_CLAIMS": "1"} if async_claims else None,
+            )
             for i in range(processes)
         ]
         spawned = time.monotonic()
@@ -410,6 +417,50 @@ def w8_claim_latency(terminal_rows: int, samples: int = 500) -> dict[str, Any]:
         "p99_ms": percentile(times, 99),
         "terminal_rows": terminal_rows,
     }
+
+
+def _claimer_statements(worker: WorkerProcess) -> int:
+    """Claim, stage and next-due statements the worker ran (from its stop line)."""
+    line = worker.log_path.read_text().rsplit("stopped: ", 1)[1].splitlines()[0]
+    stats = dict(item.split("=") for item in line.split() if "=" in item)
+    return sum(int(stats.get(k, 0)) for k in ("claim_statements", "stage_statements",
+                                                  "next_due_statements"))
+
+
+def w3_idle_others(n: int, idle_workers: int = 10) -> dict[str, Any]:
+    """Database statements the claimers of ``idle_workers`` idle workers of other queues
+    run per enqueue into "default" (one transaction each), net of what the same workers
+    run in the same time without those enqueues."""
+    from benchmarks.tasks import noop
+
+    def phase(enqueue: bool) -> int:
+        reset_queue()
+        workers = [
+            WorkerProcess(
+                "--queues", f"idle-{i}", "--log-level", "INFO", "--poll-interval", "30",
+                log_name=f"idle-{i}-{enqueue}",
+            )
+            for i in range(idle_workers)
+        ]
+        with raw_connection() as conn:
+            wait_for(
+                lambda: conn.execute("SELECT count(*) FROM pgqueue_worker").fetchone()[0]
+                == idle_workers,
+                60,
+            )
+        time.sleep(1.0)
+        started = time.monotonic()
+        if enqueue:
+            for i in range(n):
+                noop.enqueue(i)
+        time.sleep(max(0.0, 3.0 - (time.monotonic() - started)))
+        for worker in workers:
+            worker.stop()
+        return sum(_claimer_statements(w) for w in workers)
+
+    quiet = phase(False)
+    busy = phase(True)
+    return {"per_enqueue": max(0, busy - quiet) / n, "quiet": quiet, "busy": busy}
 
 
 def w3_latency(n: int, gap: float) -> dict[str, Any]:
@@ -575,8 +626,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--runs", type=int, default=3, help="runs of each workload (median)")
     parser.add_argument(
         "--only",
-        help="comma-separated workloads: W1,W2,W3,W4,W5,W6,W7; also W2a (W2's 1-process "
-        "drain alone) and W2a-process (the same drain with --execution process)",
+        help="comma-separated workloads: W1,W2,W3,W4,W5,W6,W7,W8; also W2a (W2's 1-process "
+        "drain alone), W2a-process (the same drain with --execution process) and "
+        "W2a-async (with ASYNC_CLAIMS)",
     )
     parser.add_argument(
         "--quick",
@@ -650,6 +702,19 @@ def main(argv: list[str] | None = None) -> int:
             f"W2a drain {n:,}, 1 process, --execution process",
             "tasks/s",
             ratio_to="w2a",
+        ),
+        "w2a_async": Row(
+            "w2a_async",
+            f"W2a drain {n:,}, 1 process, ASYNC_CLAIMS (opt-in)",
+            "tasks/s",
+            ratio_to="w2a",
+        ),
+        "w3_idle_others": Row(
+            "w3_idle_others",
+            "W3 claimer statements per enqueue, 10 idle workers of other queues",
+            "statements",
+            target="0",
+            check=lambda v, r: v < 0.05,
         ),
         "w2b": Row(
             "w2b",
@@ -747,6 +812,12 @@ def main(argv: list[str] | None = None) -> int:
         if only & {"W2", "W2A", "W4", "W8"}:
             d = drain(n, 1)
             record("w2a", d["rate"], d)
+        if "W2A-ASYNC" in only:
+            d = drain(n, 1, async_claims=True)
+            record("w2a_async", d["rate"], d)
+        if "W3" in only:
+            d = w3_idle_others(500)
+            record("w3_idle_others", d["per_enqueue"], d)
         if "W2A-PROCESS" in only:
             d = drain(n, 1, execution="process")
             record("w2a_process", d["rate"], d)

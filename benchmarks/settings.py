@@ -23,7 +23,12 @@ else:
         )
     }
 
-PGQUEUE = {"TASK_MODULES": ["benchmarks.tasks"], "PRUNE_INTERVAL": 3600.0}
+PGQUEUE = {
+    "TASK_MODULES": ["benchmarks.tasks"],
+    "PRUNE_INTERVAL": 3600.0,
+    # W2a-async: the opt-in asynchronous claims, measured against the default.
+    "ASYNC_CLAIMS": os.environ.get("PGQUEUE_BENCH_ASYNC_CLAIMS") == "1",
+}
 
 LOGGING = {
     "version": 1,

@@ -129,6 +129,12 @@ async def async_too_slow() -> None:
     await asyncio.sleep(10)
 
 
+@task(name="tests.versioned", version=1)
+def versioned_v1() -> str:
+    """The old handler, kept beside the new one while rows of version 1 remain."""
+    return "v1"
+
+
 @task(name="tests.versioned", version=2)
 def versioned() -> str:
     return "v2"

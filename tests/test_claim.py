@@ -101,7 +101,7 @@ def test_without_starvation_priority_decides(pg):
 
 def test_unregistered_names_and_versions_stay_pending_and_burn_no_attempt(pg):
     unknown = TaskFactory(task_name="billing.charge")
-    old_version = TaskFactory(task_name="tests.versioned", handler_version=1)
+    old_version = TaskFactory(task_name="tests.versioned", handler_version=3)
     current = TaskFactory(task_name="tests.versioned", handler_version=2)
 
     claimed = claim(pg, limit=10)

@@ -111,7 +111,10 @@ def test_an_idle_worker_runs_no_statement_when_tasks_arrive_in_another_queue(sta
         tasks.noop.enqueue(n)  # queue "default", one transaction each
 
     worker.stop()
-    stats = worker.log().rsplit("stopped: ", 1)[1]
-    # Start-up: one stage, one claim, one next-due; nothing since.
-    assert "claim_statements=1 " in stats
-    assert "next_due_statements=1 " in stats
+    stats = dict(
+        item.split("=") for item in worker.log().rsplit("stopped: ", 1)[1].split()
+    )
+    # Start-up only (a claim, and one more after the wake-up every new connection
+    # counts as); none for the 30 enqueues into another queue.
+    assert int(stats["claim_statements"]) <= 2, stats
+    assert int(stats["next_due_statements"]) <= 2, stats

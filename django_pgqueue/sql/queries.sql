@@ -153,8 +153,9 @@ SELECT nextval(pg_get_serial_sequence('pgqueue_task', 'id'));
 --   Under READ COMMITTED a locked row is re-checked (EvalPlanQual), so a row claimed
 --   and committed by someone else meanwhile no longer matches state = 'pending'. The
 --   candidates are three times the limit, so rows locked by other claimers are
---   skipped without leaving the claim short; their small, known number also keeps the
---   planner on primary-key lookups for them (never a hash join over the backlog).
+--   skipped without leaving the claim short. They are looked up by primary key
+--   (id = ANY(array)): even a generic plan, which cannot know how few they are, never
+--   turns that into a hash join over the backlog.
 -- * The picks are MATERIALIZED CTEs: a plain subquery may be rescanned by the join
 --   above it, and every rescan would lock (and claim) more rows than asked for.
 -- * Starvation escape, bounded fleet-wide: when a queue's oldest due task (per route,
@@ -245,11 +246,11 @@ candidates AS MATERIALIZED (
 ),
 picked AS MATERIALIZED (
     SELECT t.id
-      FROM candidates AS c
-      JOIN pgqueue_task AS t ON t.id = c.id
-     WHERE t.state = 'pending'
+      FROM pgqueue_task AS t
+     WHERE t.id = ANY (ARRAY(SELECT id FROM candidates))
+       AND t.state = 'pending'
        AND t.id NOT IN (SELECT id FROM escaped)
-     ORDER BY c.priority DESC, c.run_at, c.id
+     ORDER BY t.priority DESC, t.run_at, t.id
      LIMIT %(limit)s - (SELECT count(*) FROM escaped)
        FOR NO KEY UPDATE OF t SKIP LOCKED
 )
