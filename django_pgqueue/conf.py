@@ -166,6 +166,16 @@ SETTINGS: tuple[Setting, ...] = (
         minimum=1,
     ),
     Setting(
+        "PREFETCH", None, int,
+        "Claimed tasks a worker process holds ready beyond its busy slots (their leases "
+        "renewed, their timeouts counted from their start); None means CONCURRENCY. "
+        "Bigger claims mean fewer durable commits per task; 0 for long tasks spread over "
+        "many workers.",
+        flag="--prefetch", help="claimed tasks held ready beyond the busy slots",
+        option="prefetch",
+        minimum=0, nullable=True,
+    ),
+    Setting(
         "PROCESSES", 1, int,
         "Worker processes; with more than 1, a supervisor runs them.",
         flag="--processes", help="worker processes under a supervisor",

@@ -104,6 +104,7 @@ class Worker:
         self.settler = Settler(self.alias, self.inflight, self.stats, self.worker_id)
         self.slots = SlotPool(
             options.concurrency,
+            prefetch=options.concurrency if options.prefetch is None else options.prefetch,
             execute=self._execute,
             on_outcome=self.settler.put,
             stats=self.stats,
