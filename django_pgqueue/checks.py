@@ -1,11 +1,25 @@
-"""``manage.py check`` messages for misconfiguration."""
+"""``manage.py check`` messages for misconfiguration.
+
+A value of the wrong kind, out of its range or not one of its choices is found from its
+row of ``conf.SETTINGS``; the rules about several settings, or about other Django
+settings, are written out below.
+"""
 
 from __future__ import annotations
 
 from django.core.checks import Error, Tags, Warning, register
 from django.db import connections
 
-from django_pgqueue.conf import get_settings, unknown_keys
+from django_pgqueue.conf import SETTINGS, configured, get_settings, unknown_keys
+
+# The id of each kind of problem found from the table.
+PROBLEM_IDS = {
+    "kind": "django_pgqueue.E010",
+    "range": "django_pgqueue.E011",
+    "choice": "django_pgqueue.E012",
+}
+# CONCURRENCY below 1 had its own id before the table: it keeps it.
+KEPT_IDS = {("CONCURRENCY", "range"): "django_pgqueue.E003"}
 
 
 @register(Tags.compatibility)
@@ -19,23 +33,29 @@ def check_settings(app_configs, **kwargs):
                 id="django_pgqueue.W001",
             )
         )
+    invalid = set()
+    project = configured()
+    for setting in SETTINGS:
+        if setting.name not in project:
+            continue
+        problem = setting.problem(project[setting.name], f"PGQUEUE[{setting.name!r}]")
+        if problem is None:
+            continue
+        invalid.add(setting.name)
+        messages.append(
+            Error(
+                problem.message,
+                hint=f"{setting.doc} The default is {setting.default!r}; see docs/settings.md.",
+                id=KEPT_IDS.get((setting.name, problem.kind), PROBLEM_IDS[problem.kind]),
+            )
+        )
     conf = get_settings()
-    if conf.DATABASE not in connections.databases:
-        messages.append(
-            Error(
-                f"PGQUEUE['DATABASE'] is {conf.DATABASE!r}, which is not in DATABASES",
-                id="django_pgqueue.E001",
-            )
-        )
-    elif "postgresql" not in connections.databases[conf.DATABASE]["ENGINE"]:
-        messages.append(
-            Error(
-                f"the task database {conf.DATABASE!r} is not PostgreSQL; django_pgqueue needs "
-                "PostgreSQL (SKIP LOCKED, LISTEN/NOTIFY, jsonb)",
-                id="django_pgqueue.E002",
-            )
-        )
-    if conf.HEARTBEAT_SECONDS * 2 > conf.LEASE_SECONDS:
+    if "DATABASE" not in invalid:
+        messages.extend(_check_database(conf.DATABASE))
+    if (
+        not invalid & {"HEARTBEAT_SECONDS", "LEASE_SECONDS"}
+        and conf.HEARTBEAT_SECONDS * 2 > conf.LEASE_SECONDS
+    ):
         messages.append(
             Warning(
                 f"HEARTBEAT_SECONDS ({conf.HEARTBEAT_SECONDS:g}) is more than half of "
@@ -44,8 +64,23 @@ def check_settings(app_configs, **kwargs):
                 id="django_pgqueue.W002",
             )
         )
-    if conf.CONCURRENCY < 1:
-        messages.append(
-            Error("PGQUEUE['CONCURRENCY'] must be at least 1", id="django_pgqueue.E003")
-        )
     return messages
+
+
+def _check_database(alias: str) -> list[Error]:
+    if alias not in connections.databases:
+        return [
+            Error(
+                f"PGQUEUE['DATABASE'] is {alias!r}, which is not in DATABASES",
+                id="django_pgqueue.E001",
+            )
+        ]
+    if "postgresql" not in connections.databases[alias]["ENGINE"]:
+        return [
+            Error(
+                f"the task database {alias!r} is not PostgreSQL; django_pgqueue needs "
+                "PostgreSQL (SKIP LOCKED, LISTEN/NOTIFY, jsonb)",
+                id="django_pgqueue.E002",
+            )
+        ]
+    return []

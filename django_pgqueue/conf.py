@@ -1,139 +1,374 @@
-"""Settings, read in one place.
+"""Settings, declared once.
 
 Everything is configured through one dict in the project's settings::
 
     PGQUEUE = {"LEASE_SECONDS": 30, "QUEUES": ["default", "emails"]}
 
-``docs/settings.md`` documents each key; ``DEFAULTS`` below is the source of truth for
-the default values, and ``checks.py`` turns bad values into ``manage.py check`` errors.
+``SETTINGS`` below is the one table of the keys. Each row says, in one place, a key's
+default, its kind and valid values, what it means, and, for the worker's keys, its
+``runtaskworker`` flag and its ``WorkerOptions`` field. The rest is derived from it:
+
+- ``DEFAULTS`` and ``get_settings()``: the effective values, the defaults overlaid with
+  ``settings.PGQUEUE``;
+- ``WorkerOptions`` (worker/worker.py): one field per row with an ``option``;
+- the ``runtaskworker`` flags: one per row with a ``flag``, showing the effective
+  default in its help;
+- the ``manage.py check`` errors for a value of the wrong kind, out of range, or not
+  one of its choices (checks.py), and the same refusals of a flag's value.
+
+``docs/settings.md`` documents each key at length; tests/test_settings.py keeps it in
+step with this table.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
-from typing import Any
+import copy
+from dataclasses import dataclass, make_dataclass
+from typing import Any, NamedTuple
 
 from django.conf import settings as django_settings
 
-DEFAULTS: dict[str, Any] = {
-    # Which database alias holds the task table.
-    "DATABASE": "default",
-    # Extra modules to import so their @task functions are registered (each installed
-    # app's ``tasks`` module is imported automatically).
-    "TASK_MODULES": [],
-    # Enqueue defaults.
-    "DEFAULT_QUEUE": "default",
-    "DEFAULT_PRIORITY": 0,
-    "DEFAULT_MAX_ATTEMPTS": 3,
-    # Seconds one attempt may run unless its task says otherwise: every task gets a
-    # ceiling, so a hung handler cannot hold its slot forever. @task(timeout=None) opts
-    # one task out; None here removes the default ceiling for all tasks.
-    "DEFAULT_TIMEOUT": 3600.0,
-    "DEFAULT_BACKOFF": {"base": 5.0, "factor": 2.0, "cap": 600.0, "jitter": 0.25},
-    # Worker.
-    "QUEUES": ["default"],
-    "CONCURRENCY": 10,
-    "PROCESSES": 1,
-    "LEASE_SECONDS": 30.0,
-    "HEARTBEAT_SECONDS": 10.0,
-    "POLL_INTERVAL": 2.0,
-    "SWEEP_INTERVAL": 1.0,
-    "SHUTDOWN_GRACE": 25.0,
-    "STARVATION_TIMEOUT": 60.0,
-    "TIMEOUT_GRACE": 10.0,
-    "WRITE_OFF_LIMIT": 3,
-    # "thread": handlers run in the worker's slot threads. "process": each slot owns a
-    # child process (the prefork pool), so a handler past its timeout, or cancelled with
-    # hard=True, is killed: told to stop, then SIGKILLed after KILL_GRACE seconds.
-    "EXECUTION": "thread",
-    "KILL_GRACE": 2.0,
-    "PREPARED_STATEMENTS": True,
-    # How long a worker connection may go without an answer from PostgreSQL before it is
-    # taken for dead and dropped: bounds each statement (a server that is working on it
-    # is left alone), a connection attempt (at most 5 s) and, through TCP keepalives and
-    # tcp_user_timeout, an idle or sending socket whose packets are lost.
-    "DEAD_CONNECTION_TIMEOUT": 15.0,
-    # Commit claims without waiting for the WAL flush. Faster, but a
-    # PostgreSQL crash can forget a claim whose handler is already running, and another
-    # worker then starts the same attempt beside it (docs/guarantees.md). Opt-in only.
-    "ASYNC_CLAIMS": False,
-    "METRICS_PORT": None,
-    # Queue gauges read from the database (docs/metrics.md): registered in
-    # prometheus_client's default registry, which django-prometheus serves from the web
-    # process; served by a worker's --metrics-port only with WORKER_QUEUE_METRICS; read
-    # at most once per METRICS_CACHE_SECONDS per process, however often it is scraped.
-    "QUEUE_METRICS": True,
-    "WORKER_QUEUE_METRICS": False,
-    "METRICS_CACHE_SECONDS": 10.0,
-    # Retention (seconds).
-    "RESULT_TTL": 24 * 3600.0,
-    "DEAD_TTL": 7 * 24 * 3600.0,
-    "PRUNE_INTERVAL": 60.0,
-    "PRUNE_BATCH": 1000,
-    "WORKER_STALE_AFTER": 60.0,
-    # The worker vacuums the task table itself once this many dead tuples pile up
-    # (checked every VACUUM_INTERVAL seconds; None disables it and leaves autovacuum).
-    "VACUUM_INTERVAL": 5.0,
-    "VACUUM_THRESHOLD": 20000,
-    # A pending task that no live worker can run (unknown name or version) is failed
-    # with an explanation after waiting this long; None keeps it pending forever.
-    "UNROUTABLE_TTL": 24 * 3600.0,
+from django_pgqueue.payload import short_repr
+
+
+class Problem(NamedTuple):
+    """What is wrong with a setting's value: ``kind`` is "kind", "range" or "choice"."""
+
+    kind: str
+    message: str
+
+
+_KIND_NAMES = {
+    bool: "True or False",
+    int: "an int",
+    float: "a number",
+    str: "a string",
+    list: "a list of strings",
+    dict: "a dict",
 }
 
 
 @dataclass(frozen=True)
-class PgQueueSettings:
-    DATABASE: str
-    TASK_MODULES: list[str]
-    DEFAULT_QUEUE: str
-    DEFAULT_PRIORITY: int
-    DEFAULT_MAX_ATTEMPTS: int
-    DEFAULT_TIMEOUT: float | None
-    DEFAULT_BACKOFF: dict[str, float]
-    QUEUES: list[str]
-    CONCURRENCY: int
-    PROCESSES: int
-    LEASE_SECONDS: float
-    HEARTBEAT_SECONDS: float
-    POLL_INTERVAL: float
-    SWEEP_INTERVAL: float
-    SHUTDOWN_GRACE: float
-    STARVATION_TIMEOUT: float
-    TIMEOUT_GRACE: float
-    WRITE_OFF_LIMIT: int
-    EXECUTION: str
-    KILL_GRACE: float
-    PREPARED_STATEMENTS: bool
-    DEAD_CONNECTION_TIMEOUT: float
-    ASYNC_CLAIMS: bool
-    METRICS_PORT: int | None
-    QUEUE_METRICS: bool
-    WORKER_QUEUE_METRICS: bool
-    METRICS_CACHE_SECONDS: float
-    RESULT_TTL: float
-    DEAD_TTL: float
-    PRUNE_INTERVAL: float
-    PRUNE_BATCH: int
-    WORKER_STALE_AFTER: float
-    VACUUM_INTERVAL: float | None
-    VACUUM_THRESHOLD: int
-    UNROUTABLE_TTL: float | None
+class Setting:
+    """One key of ``settings.PGQUEUE``."""
+
+    name: str
+    default: Any
+    # bool, int, float (an int is fine too), str, list (of strings) or dict.
+    kind: type
+    doc: str
+    # The runtaskworker flag, which wins over the setting, and its help text (the
+    # effective default is appended to it).
+    flag: str | None = None
+    help: str | None = None
+    # The WorkerOptions field that carries the value into the worker (and to the
+    # supervisor's children).
+    option: str | None = None
+    # Valid values: at least ``minimum``, greater than ``above``, at most ``maximum``,
+    # one of ``choices``; ``None`` only when ``nullable``.
+    minimum: float | None = None
+    above: float | None = None
+    maximum: float | None = None
+    choices: tuple[str, ...] | None = None
+    nullable: bool = False
+
+    @property
+    def dest(self) -> str | None:
+        """The name the command's parsed options give the flag's value."""
+        if self.flag is None:
+            return None
+        return self.option or self.flag.removeprefix("--").replace("-", "_")
+
+    @property
+    def annotation(self) -> Any:
+        return self.kind | None if self.nullable else self.kind
+
+    def problem(self, value: Any, where: str) -> Problem | None:
+        """What is wrong with ``value`` for this setting, named ``where``; None if valid."""
+        if value is None and self.nullable:
+            return None
+        if not _is_kind(value, self.kind):
+            wanted = _KIND_NAMES[self.kind] + (" or None" if self.nullable else "")
+            return Problem("kind", f"{where} must be {wanted}, not {short_repr(value)}")
+        if self.choices is not None and value not in self.choices:
+            choices = ", ".join(repr(c) for c in self.choices)
+            return Problem("choice", f"{where} is {short_repr(value)}: use one of {choices}")
+        # Written as "not (in range)" so that NaN, which compares false, is refused.
+        if self.minimum is not None and not value >= self.minimum:
+            return Problem("range", f"{where} is {short_repr(value)}: use {self.minimum:g} or more")
+        if self.above is not None and not value > self.above:
+            return Problem(
+                "range", f"{where} is {short_repr(value)}: use a value greater than {self.above:g}"
+            )
+        if self.maximum is not None and not value <= self.maximum:
+            return Problem("range", f"{where} is {short_repr(value)}: use {self.maximum:g} or less")
+        return None
+
+
+def _is_kind(value: Any, kind: type) -> bool:
+    if kind is bool:
+        return isinstance(value, bool)
+    if isinstance(value, bool):  # a bool is an int to Python, never to a setting
+        return False
+    if kind is float:
+        return isinstance(value, int | float)
+    if kind is list:
+        return isinstance(value, list | tuple) and all(isinstance(v, str) for v in value)
+    return isinstance(value, kind)
+
+
+SETTINGS: tuple[Setting, ...] = (
+    # -- database and discovery --------------------------------------------------------
+    Setting(
+        "DATABASE", "default", str,
+        "The database alias that holds the task table; it must be PostgreSQL.",
+    ),
+    Setting(
+        "TASK_MODULES", [], list,
+        "Extra modules imported at startup so that their @task functions are registered "
+        "(each installed app's tasks module is imported anyway).",
+    ),
+    # -- task defaults: read when @task runs, copied onto each row at enqueue -----------
+    Setting(
+        "DEFAULT_QUEUE", "default", str,
+        "The queue of tasks that name none.",
+    ),
+    Setting(
+        "DEFAULT_PRIORITY", 0, int,
+        "The priority of tasks that set none; higher runs first.",
+        minimum=-100, maximum=100,
+    ),
+    Setting(
+        "DEFAULT_MAX_ATTEMPTS", 3, int,
+        "How many claims a task gets before it dead-letters.",
+        minimum=1,
+    ),
+    Setting(
+        "DEFAULT_TIMEOUT", 3600.0, float,
+        "Seconds one attempt may run, for tasks that set no timeout; None removes the "
+        "default ceiling.",
+        above=0, nullable=True,
+    ),
+    Setting(
+        "DEFAULT_BACKOFF", {"base": 5.0, "factor": 2.0, "cap": 600.0, "jitter": 0.25}, dict,
+        "The retry delay policy; keys left out keep their defaults.",
+    ),
+    # -- the worker --------------------------------------------------------------------
+    Setting(
+        "QUEUES", ["default"], list,
+        "The queues a worker claims from.",
+        flag="--queues", help="comma-separated queue names", option="queues",
+    ),
+    Setting(
+        "CONCURRENCY", 10, int,
+        "Handler slots per worker process.",
+        flag="--concurrency", help="handler slots per process", option="concurrency",
+        minimum=1,
+    ),
+    Setting(
+        "PREFETCH", None, int,
+        "Claimed tasks a worker process holds ready beyond its busy slots (their leases "
+        "renewed, their timeouts counted from their start); None means CONCURRENCY. "
+        "Bigger claims mean fewer durable commits per task; 0 for long tasks spread over "
+        "many workers.",
+        flag="--prefetch", help="claimed tasks held ready beyond the busy slots",
+        option="prefetch",
+        minimum=0, nullable=True,
+    ),
+    Setting(
+        "PROCESSES", 1, int,
+        "Worker processes; with more than 1, a supervisor runs them.",
+        flag="--processes", help="worker processes under a supervisor",
+        minimum=1,
+    ),
+    Setting(
+        "LEASE_SECONDS", 30.0, float,
+        "How long a claim owns a task without a renewal.",
+        flag="--lease", help="lease duration in seconds", option="lease_seconds",
+        above=0,
+    ),
+    Setting(
+        "HEARTBEAT_SECONDS", 10.0, float,
+        "How often the heartbeat renews the leases; a third of the lease or less.",
+        flag="--heartbeat", help="lease renewal interval", option="heartbeat_seconds",
+        above=0,
+    ),
+    Setting(
+        "POLL_INTERVAL", 2.0, float,
+        "The longest an idle claimer sleeps without a wake-up.",
+        flag="--poll-interval", help="seconds between polls when idle",
+        option="poll_interval",
+        above=0,
+    ),
+    Setting(
+        "SWEEP_INTERVAL", 1.0, float,
+        "How often each worker recovers expired leases.",
+        flag="--sweep-interval", help="seconds between expired-lease sweeps",
+        option="sweep_interval",
+        above=0,
+    ),
+    Setting(
+        "SHUTDOWN_GRACE", 25.0, float,
+        "Seconds running handlers get after the first SIGTERM/SIGINT.",
+        flag="--shutdown-grace", help="seconds running handlers get after SIGTERM",
+        option="shutdown_grace",
+        minimum=0,
+    ),
+    Setting(
+        "STARVATION_TIMEOUT", 60.0, float,
+        "How long a due task may wait before it takes one slot of a claim regardless of "
+        "priority.",
+        flag="--starvation-timeout",
+        help="seconds a due task may wait before it jumps the priority order",
+        option="starvation_timeout",
+        minimum=0,
+    ),
+    Setting(
+        "TIMEOUT_GRACE", 10.0, float,
+        "How far past its timeout a sync handler may run before its slot is written off.",
+        option="timeout_grace",
+        minimum=0,
+    ),
+    Setting(
+        "WRITE_OFF_LIMIT", 3, int,
+        "Written-off slots after which a worker process recycles itself.",
+        option="write_off_limit",
+        minimum=1,
+    ),
+    Setting(
+        "EXECUTION", "thread", str,
+        '"thread": handlers run in the slot threads; "process": each slot owns a child '
+        "process that runs its handlers and is killed on timeout and hard cancel.",
+        flag="--execution",
+        help="run handlers in threads, or each slot's in a child process that can be "
+        "killed on timeout and hard cancel",
+        option="execution",
+        choices=("thread", "process"),
+    ),
+    Setting(
+        "KILL_GRACE", 2.0, float,
+        'With EXECUTION = "process": seconds a handler\'s process has to stop after it '
+        "was told to, before it is SIGKILLed.",
+        option="kill_grace",
+        minimum=0,
+    ),
+    Setting(
+        "PREPARED_STATEMENTS", True, bool,
+        "Whether the worker's connections use server-side prepared statements (False "
+        "behind PgBouncer in transaction mode).",
+    ),
+    Setting(
+        "DEAD_CONNECTION_TIMEOUT", 15.0, float,
+        "How long a worker connection may wait for PostgreSQL before it is taken for dead "
+        "and reconnected.",
+        above=0,
+    ),
+    Setting(
+        "ASYNC_CLAIMS", False, bool,
+        "Commit claims without waiting for the WAL flush: faster, but a PostgreSQL crash "
+        "can forget a claim whose handler already runs. Opt-in only.",
+    ),
+    Setting(
+        "METRICS_PORT", None, int,
+        "Serve Prometheus /metrics from the worker on this port.",
+        flag="--metrics-port", help="serve Prometheus /metrics on this port",
+        minimum=1, maximum=65535, nullable=True,
+    ),
+    Setting(
+        "QUEUE_METRICS", True, bool,
+        "Register the queue gauges in prometheus_client's default registry at startup.",
+    ),
+    Setting(
+        "WORKER_QUEUE_METRICS", False, bool,
+        "Also serve the queue gauges on a worker's --metrics-port.",
+    ),
+    Setting(
+        "METRICS_CACHE_SECONDS", 10.0, float,
+        "The queue gauges are read from the database at most once per this many seconds "
+        "per process.",
+        minimum=0,
+    ),
+    Setting(
+        "WORKER_STALE_AFTER", 60.0, float,
+        "A worker whose heartbeat is older than this counts as gone.",
+        above=0,
+    ),
+    Setting(
+        "VACUUM_INTERVAL", 5.0, float,
+        "How often each worker checks the task table's dead tuples; None leaves the table "
+        "to autovacuum.",
+        above=0, nullable=True,
+    ),
+    Setting(
+        "VACUUM_THRESHOLD", 20000, int,
+        "Dead tuples in the task table past which a worker vacuums it.",
+        minimum=0,
+    ),
+    Setting(
+        "UNROUTABLE_TTL", 24 * 3600.0, float,
+        "A due task that no live worker can run is failed after waiting this long; None "
+        "keeps it pending forever.",
+        minimum=0, nullable=True,
+    ),
+    # -- retention ---------------------------------------------------------------------
+    Setting(
+        "RESULT_TTL", 24 * 3600.0, float,
+        "Seconds succeeded and cancelled rows are kept after they finished.",
+        minimum=0,
+    ),
+    Setting(
+        "DEAD_TTL", 7 * 24 * 3600.0, float,
+        "Seconds dead letters (failed rows) are kept after they finished.",
+        minimum=0,
+    ),
+    Setting(
+        "PRUNE_INTERVAL", 60.0, float,
+        "How often each worker's pruner runs.",
+        above=0,
+    ),
+    Setting(
+        "PRUNE_BATCH", 1000, int,
+        "Rows per delete statement and state.",
+        minimum=1,
+    ),
+)  # fmt: skip
+
+SETTINGS_BY_NAME: dict[str, Setting] = {s.name: s for s in SETTINGS}
+DEFAULTS: dict[str, Any] = {s.name: s.default for s in SETTINGS}
+# Copied for each get_settings() that uses them, so that a caller cannot change a default.
+_MUTABLE_DEFAULTS = frozenset(k for k, v in DEFAULTS.items() if isinstance(v, list | dict))
+
+PgQueueSettings = make_dataclass(
+    "PgQueueSettings",
+    [(s.name, s.annotation) for s in SETTINGS],
+    frozen=True,
+    namespace={
+        "__doc__": "The effective settings: one attribute per row of SETTINGS.",
+        "__module__": __name__,
+    },
+)
+
+
+def configured() -> dict[str, Any]:
+    """``settings.PGQUEUE`` as the project wrote it (no defaults)."""
+    return getattr(django_settings, "PGQUEUE", {}) or {}
 
 
 def unknown_keys() -> list[str]:
     """Keys in settings.PGQUEUE that this version does not know (reported by checks)."""
-    configured = getattr(django_settings, "PGQUEUE", {}) or {}
-    return sorted(set(configured) - set(DEFAULTS))
+    return sorted(set(configured()) - set(SETTINGS_BY_NAME))
 
 
 def get_settings() -> PgQueueSettings:
-    """The effective settings: DEFAULTS overlaid with ``settings.PGQUEUE``.
+    """The effective settings: each row's default overlaid with ``settings.PGQUEUE``.
 
     Read on every call (cheap) so ``override_settings`` works in tests.
     """
-    configured = getattr(django_settings, "PGQUEUE", {}) or {}
-    values = {f.name: configured.get(f.name, DEFAULTS[f.name]) for f in fields(PgQueueSettings)}
-    backoff = dict(DEFAULTS["DEFAULT_BACKOFF"])
-    backoff.update(values["DEFAULT_BACKOFF"] or {})
-    values["DEFAULT_BACKOFF"] = backoff
+    project = configured()
+    values = {name: project.get(name, default) for name, default in DEFAULTS.items()}
+    for name in _MUTABLE_DEFAULTS - project.keys():
+        values[name] = copy.deepcopy(DEFAULTS[name])
+    backoff = values["DEFAULT_BACKOFF"]
+    if isinstance(backoff, dict):  # anything else is left for the checks to report
+        values["DEFAULT_BACKOFF"] = {**DEFAULTS["DEFAULT_BACKOFF"], **backoff}
     return PgQueueSettings(**values)

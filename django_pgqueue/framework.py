@@ -32,7 +32,9 @@ from asgiref.sync import sync_to_async
 from django.db import close_old_connections
 from django.dispatch import Signal
 
+from django_pgqueue import exceptions as queue_errors
 from django_pgqueue.compat import (
+    InvalidTaskError,
     Task,
     TaskContext,
     TaskError,
@@ -46,11 +48,14 @@ from django_pgqueue.compat import (
 from django_pgqueue.conf import get_settings
 from django_pgqueue.context import TaskContext as QueueContext
 from django_pgqueue.exceptions import PgQueueError, TaskNotRegistered
+from django_pgqueue.payload import short_repr
 from django_pgqueue.registry import (
+    TASK_NAME_MAX_LENGTH,
     TaskDefinition,
     registry,
     validate_backoff,
     validate_queue,
+    validate_task_name,
     validate_timeout,
 )
 from django_pgqueue.signals import task_settled
@@ -108,8 +113,10 @@ def register(task: Task) -> TaskDefinition:
     """The TaskDefinition of a framework Task, registered under ``task.module_path``.
 
     Idempotent: ``using()`` copies and repeated validation find the existing entry.
+    Raises the framework's InvalidTaskError when ``module_path`` cannot be a task name
+    (this runs inside the backend's ``validate_task``).
     """
-    name = task.module_path
+    name = _task_name(task)
     if name in registry:
         existing = registry.get(name)
         known = framework_task_of(existing)
@@ -129,6 +136,27 @@ def register(task: Task) -> TaskDefinition:
     )
     registry.register(definition)
     return definition
+
+
+def _task_name(task: Task) -> str:
+    """``task.module_path``, the framework task's name in the queue, once checked: the
+    task_name column holds it, and every worker looks the task up by it."""
+    path = task.module_path
+    try:
+        return validate_task_name(path)
+    except queue_errors.InvalidTaskError as exc:
+        if len(path) > TASK_NAME_MAX_LENGTH:
+            problem = (
+                f"it is {len(path)} characters long, and a task name holds at most "
+                f"{TASK_NAME_MAX_LENGTH}"
+            )
+        else:
+            problem = str(exc)
+        raise InvalidTaskError(
+            f"the Tasks framework task {short_repr(path)} cannot be registered: its "
+            f"module_path is its task name in the queue, and {problem}. Rename the "
+            "function or its module."
+        ) from None
 
 
 def _make_handler(task: Task) -> Callable[..., Any]:

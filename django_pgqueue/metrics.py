@@ -3,8 +3,9 @@
 Two sources, served by two kinds of process (docs/metrics.md lists every metric):
 
 * A worker process counts what it does (outcomes, claims, lease renewals and losses,
-  run time, queue wait) and serves them on its own ``/metrics``
-  (``runtaskworker --metrics-port``): ``serve_worker_metrics`` and ``watch_worker``.
+  write-offs, handler processes killed or dead, run time, queue wait) and serves them
+  on its own ``/metrics`` (``runtaskworker --metrics-port``): ``serve_worker_metrics``
+  and ``watch_worker``.
 * ``QueueCollector`` reads the queue from the database (pending, unroutable,
   scheduled, running, waiting and dead tasks by queue and task name; the ages of the
   oldest due task and of the oldest running attempt, live workers and slots by queue).
@@ -90,6 +91,18 @@ class WorkerMetrics:
             "Handler slots written off after overrunning",
             registry=registry,
         )
+        self.handler_processes_killed = Counter(
+            "pgqueue_handler_processes_killed_total",
+            "Handler processes killed (--execution process): past the task's timeout, on "
+            "a hard cancel, or still running at the end of the shutdown grace",
+            registry=registry,
+        )
+        self.handler_processes_died = Counter(
+            "pgqueue_handler_processes_died_total",
+            "Handler processes (--execution process) that died on their own with a task "
+            "handed to them: a segfault, os._exit, the OOM killer",
+            registry=registry,
+        )
         self.pruned = Counter(
             "pgqueue_tasks_pruned_total",
             "Terminal tasks deleted by this process's retention",
@@ -123,6 +136,8 @@ class WorkerMetrics:
             "lease_lost": self.leases_lost,
             "leases_recovered": self.leases_recovered,
             "written_off": self.written_off,
+            "handler_processes_killed": self.handler_processes_killed,
+            "handler_processes_died": self.handler_processes_died,
             "pruned": self.pruned,
         }
         for label in OUTCOME_LABELS:

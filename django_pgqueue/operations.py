@@ -47,9 +47,11 @@ def cancel(task_id: int, hard: bool = False) -> str | None:
 
 def queue_overview() -> list[dict[str, Any]]:
     """Per (queue, task_name): pending routable / unroutable, scheduled, running,
-    waiting, failed (dead letters), the age in seconds of the oldest due task, and
-    completed_5m / completed_1h / failed_5m / failed_1h (finished in the last 5
-    minutes / hour)."""
+    waiting, failed (dead letters), the age in seconds of the oldest due task
+    (``oldest_due_seconds``) and of the oldest running attempt, since its claim
+    (``oldest_running_seconds``: a hung handler shows there; each None when there is no
+    such task), and completed_5m / completed_1h / failed_5m / failed_1h (finished in the
+    last 5 minutes / hour)."""
     conf = get_settings()
     with connections[conf.DATABASE].cursor() as cursor:
         cursor.execute(QUERIES["queue_overview"], {"stale_seconds": conf.WORKER_STALE_AFTER})

@@ -89,15 +89,22 @@ def wait_until(
 
 
 class WorkerProcess:
-    """``manage.py runtaskworker`` in a subprocess, with its log in a file."""
+    """``<script> runtaskworker`` in a subprocess (the repository's manage.py unless
+    told), with its log in a file."""
 
-    def __init__(self, args: list[str], env: dict[str, str], log_path: Path,
-                 new_session: bool = False) -> None:
+    def __init__(
+        self,
+        args: list[str],
+        env: dict[str, str],
+        log_path: Path,
+        new_session: bool = False,
+        script: Path = REPO / "manage.py",
+    ) -> None:
         self.args = args
         self.log_path = log_path
         self._log = open(log_path, "wb")  # noqa: SIM115 - closed in stop()
         self.proc = subprocess.Popen(
-            [sys.executable, str(REPO / "manage.py"), "runtaskworker", *args],
+            [sys.executable, str(script), "runtaskworker", *args],
             cwd=REPO,
             env=env,
             stdout=self._log,
@@ -157,8 +164,13 @@ def start_worker(db_url: str, tmp_path: Path) -> Iterator[Callable[..., WorkerPr
     """Start worker subprocesses; every one still running is stopped after the test."""
     started: list[WorkerProcess] = []
 
-    def start(*args: str, database_url: str | None = None, wait: bool = True,
-              new_session: bool = False) -> WorkerProcess:
+    def start(
+        *args: str,
+        database_url: str | None = None,
+        wait: bool = True,
+        new_session: bool = False,
+        script: Path = REPO / "manage.py",
+    ) -> WorkerProcess:
         env = {
             **os.environ,
             "DJANGO_SETTINGS_MODULE": "tests.settings",
@@ -166,8 +178,13 @@ def start_worker(db_url: str, tmp_path: Path) -> Iterator[Callable[..., WorkerPr
             "PYTHONPATH": str(REPO),
             "PYTHONUNBUFFERED": "1",
         }
-        worker = WorkerProcess(list(args), env, tmp_path / f"worker-{len(started)}.log",
-                               new_session=new_session)
+        worker = WorkerProcess(
+            list(args),
+            env,
+            tmp_path / f"worker-{len(started)}.log",
+            new_session=new_session,
+            script=script,
+        )
         started.append(worker)
         if wait:
             worker.wait_started()

@@ -165,3 +165,9 @@ def calls_sys_exit() -> None:
 @task
 def logs_a_line() -> None:
     logging.getLogger("tests.tasks").info("hello from the handler")
+
+
+@task
+async def async_nap(seconds: float) -> float:
+    await asyncio.sleep(seconds)
+    return seconds

@@ -247,6 +247,29 @@ def test_decoration_validates_the_task_with_the_frameworks_errors(options, messa
     assert "tests.framework_tasks.plain" not in registry
 
 
+@pytest.mark.parametrize(
+    ("qualname", "message"),
+    [
+        ("f" * 250, "it is 272 characters long, and a task name holds at most 255"),
+        ("nul\x00name", "must not contain NUL characters"),
+    ],
+    ids=["too long", "NUL"],
+)
+def test_registering_a_task_whose_module_path_cannot_be_a_task_name_is_refused(qualname, message):
+    # given: a module-level function whose dotted path the task_name column cannot hold
+    def func() -> None: ...
+
+    func.__module__, func.__qualname__ = "tests.framework_tasks", qualname
+
+    # when: it is decorated as a framework task
+    with pytest.raises(InvalidTaskError, match=message) as caught:
+        task(func)
+
+    # then: the framework's error says why, and nothing is registered
+    assert "its module_path is its task name in the queue" in str(caught.value)
+    assert f"tests.framework_tasks.{qualname}" not in registry
+
+
 @in_transaction
 def test_validation_runs_again_on_enqueue():
     narrower = {**settings.TASKS["default"], "QUEUES": ["default"]}

@@ -70,7 +70,9 @@ def test_a_task_longer_than_its_lease_is_not_stolen_while_its_worker_lives(start
 
 def test_a_worker_whose_lease_was_taken_over_writes_nothing_and_counts_it_lost(start_worker):
     task_id = tasks.sleep_and_record.enqueue(3)
-    first = start_worker("--lease", "30", "--heartbeat", "10", "--concurrency", "1")
+    first = start_worker(
+        "--lease", "30", "--heartbeat", "10", "--concurrency", "1", "--prefetch", "0"
+    )
     wait_until(lambda: Run.objects.filter(task_id=task_id).exists())
     # The first worker's lease lapses (as if it had stalled); a second one takes over.
     Task.objects.filter(pk=task_id).update(lease_expires_at="2000-01-01T00:00:00Z")

@@ -17,7 +17,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from django_pgqueue.metrics import QueueCollector, WorkerMetrics
 from django_pgqueue.models import Task, Worker
-from tests import tasks
+from tests import prefork_tasks, tasks
 from tests.conftest import REPO, wait_until
 from tests.factories import TaskFactory
 from tests.testapp.models import Run
@@ -257,3 +257,31 @@ def test_a_worker_counts_a_lease_it_lost(start_worker, pg):
         message="the lost outcome to be counted",
     )
     assert values[("pgqueue_leases_lost_total",)] >= 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_process_mode_worker_counts_the_handler_processes_it_killed_and_those_that_died(
+    start_worker,
+):
+    # given: a worker running handlers in processes, serving its /metrics
+    port = free_port()
+    start_worker("--execution", "process", "--concurrency", "2", "--metrics-port", str(port))
+
+    # when: one handler overruns its timeout (killed) and one ends its own process (died)
+    overrun = tasks.sleep_and_record.using(timeout=0.5, max_attempts=1).enqueue(30)
+    crash = prefork_tasks.exit_process.enqueue(3)
+    wait_until(
+        lambda: Task.objects.filter(pk__in=[overrun, crash], state="failed").count() == 2,
+        message="both attempts to fail",
+    )
+
+    # then: each is counted once, under its own counter
+    values = wait_until(
+        lambda: (
+            (v := scrape(port)).get(("pgqueue_handler_processes_killed_total",)) == 1
+            and v.get(("pgqueue_handler_processes_died_total",)) == 1
+            and v
+        ),
+        message="the killed and the dead process to be counted",
+    )
+    assert values[("pgqueue_task_outcomes_total", ("outcome", "timeout"))] == 1

@@ -1,4 +1,5 @@
-"""Process mode: the supervisor and the fresh child processes it starts (worker/spawn.py)."""
+"""Several worker processes (--processes): the supervisor and the fresh child processes it
+starts (worker/spawn.py)."""
 
 from __future__ import annotations
 
@@ -6,9 +7,8 @@ import os
 import signal
 import socket
 import subprocess
-import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -16,47 +16,10 @@ import pytest
 from django_pgqueue.models import Task
 from django_pgqueue.worker import spawn
 from tests import tasks
-from tests.conftest import REPO, WorkerProcess, wait_until
+from tests.conftest import WorkerProcess, wait_until
 from tests.testapp.models import Run
 
 UNGUARDED_MANAGE = Path(__file__).with_name("unguarded_manage.py")
-
-
-class ScriptWorker(WorkerProcess):
-    """``<script> runtaskworker`` for a script other than the repository's manage.py."""
-
-    def __init__(self, script: Path, args: list[str], env: dict[str, str], log_path: Path) -> None:
-        self.args = args
-        self.log_path = log_path
-        self._log = open(log_path, "wb")  # noqa: SIM115 - closed in stop()
-        self.proc = subprocess.Popen(
-            [sys.executable, str(script), "runtaskworker", *args],
-            cwd=REPO,
-            env=env,
-            stdout=self._log,
-            stderr=subprocess.STDOUT,
-        )
-
-
-@pytest.fixture
-def start_script(db_url: str, tmp_path: Path) -> Iterator[Callable[..., ScriptWorker]]:
-    started: list[ScriptWorker] = []
-
-    def start(script: Path, *args: str) -> ScriptWorker:
-        env = {
-            **os.environ,
-            "DJANGO_SETTINGS_MODULE": "tests.settings",
-            "DATABASE_URL": db_url,
-            "PYTHONPATH": str(REPO),
-            "PYTHONUNBUFFERED": "1",
-        }
-        worker = ScriptWorker(script, list(args), env, tmp_path / f"script-{len(started)}.log")
-        started.append(worker)
-        return worker
-
-    yield start
-    for worker in started:
-        worker.stop()
 
 
 def _children_started(supervisor: WorkerProcess) -> int:
@@ -64,14 +27,16 @@ def _children_started(supervisor: WorkerProcess) -> int:
 
 
 @pytest.mark.django_db(transaction=True)
-def test_process_mode_with_a_manage_py_without_main_guard_starts_only_the_children_asked_for(
-    start_script,
+def test_a_supervisor_run_by_a_manage_py_without_main_guard_starts_only_the_children_asked_for(
+    start_worker,
 ):
     # given: tasks, and a manage.py that runs its command at import time
     ids = tasks.record.enqueue_many([(f"t{n}",) for n in range(20)])
 
     # when: it runs a supervisor of two processes, which run the tasks and get SIGTERM
-    supervisor = start_script(UNGUARDED_MANAGE, "--processes", "2", "--shutdown-grace", "5")
+    supervisor = start_worker(
+        "--processes", "2", "--shutdown-grace", "5", script=UNGUARDED_MANAGE, wait=False
+    )
     wait_until(
         lambda: (
             Task.objects.filter(pk__in=ids, state="succeeded").count() == len(ids)
@@ -128,6 +93,44 @@ def test_a_supervisor_whose_children_cannot_start_stops_with_their_exit_codes(st
     assert time.monotonic() - began < 60
     assert "failed to start 5 times in a row (exit codes 1, 1, 1, 1, 1)" in log
     assert "Address already in use" in log
+
+
+@pytest.fixture
+def registration_refused(pg) -> Iterator[str]:
+    """The test database refuses every worker registration, with this message."""
+    message = "registration refused by the test"
+    pg.execute(
+        "CREATE FUNCTION pgqueue_test_refuse() RETURNS trigger LANGUAGE plpgsql AS "
+        f"$$ BEGIN RAISE EXCEPTION '{message}'; END $$"
+    )
+    pg.execute(
+        "CREATE TRIGGER pgqueue_test_refuse BEFORE INSERT OR UPDATE ON pgqueue_worker "
+        "FOR EACH ROW EXECUTE FUNCTION pgqueue_test_refuse()"
+    )
+    try:
+        yield message
+    finally:
+        pg.execute("DROP TRIGGER pgqueue_test_refuse ON pgqueue_worker")
+        pg.execute("DROP FUNCTION pgqueue_test_refuse()")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_child_whose_worker_fails_before_it_started_is_a_start_up_failure(
+    start_worker, registration_refused
+):
+    # given: children that set Django up and build their worker, whose run() then fails
+    # (the database refuses the registration), before the worker says it started
+
+    # when: the supervisor starts
+    supervisor = start_worker("--processes", "2", wait=False)
+    code = supervisor.wait(90)
+
+    # then: those were start-up failures, so the supervisor gave up, naming them
+    log = supervisor.log()
+    assert code == 1, log
+    assert "failed to start 5 times in a row (exit codes 1, 1, 1, 1, 1)" in log
+    assert registration_refused in log
+    assert _children_started(supervisor) == 0
 
 
 def test_a_child_target_outside_django_pgqueue_is_refused():

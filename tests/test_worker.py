@@ -1,5 +1,8 @@
 """A real worker process running tasks: outcomes, retries, context, routing."""
 
+import signal
+import socket
+
 import pytest
 
 from django_pgqueue import cancel, queue_overview
@@ -223,3 +226,26 @@ def test_a_handler_calling_sys_exit_fails_its_task_and_keeps_its_slot(start_work
     assert row.state == "failed"
     assert row.errors[0]["type"] == "builtins.SystemExit"
     assert Task.objects.filter(pk__in=after, state="succeeded").count() == 5
+
+
+def unreachable_database_url() -> str:
+    """A URL whose port refuses connections (it was free a moment ago)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    return f"postgres://postgres@127.0.0.1:{port}/nowhere"
+
+
+def test_a_signal_before_the_worker_started_says_it_stops_before_starting(start_worker):
+    # given: a worker still trying to register, so not started
+    worker = start_worker(database_url=unreachable_database_url(), wait=False)
+    wait_until(lambda: "database unavailable" in worker.log(), message="a failed registration")
+
+    # when: it is told to stop
+    worker.signal(signal.SIGTERM)
+
+    # then: it says it stops before starting, not that handlers get a grace period
+    assert worker.wait(15) == 0, worker.log()
+    log = worker.log()
+    assert "signal SIGTERM: stopping before the worker has started" in log
+    assert "to finish" not in log

@@ -1,11 +1,26 @@
 """The worker: small components with one job each, composed by ``Worker``.
 
-- ``Claimer``: claims as many due rows as there are free slots, in one statement.
-- ``SlotPool``: threads that only run handlers (plus a watchdog for overruns).
-- ``Settler``: writes outcomes back in fenced, batched statements.
-- ``Heartbeat``: renews every in-flight lease in one UPDATE; refreshes the registry row.
-- ``Listener``: LISTEN on the claimer's connection; how a parked claimer is woken.
-- ``Sweeper``: recovers expired leases; cleans stale worker rows.
-- ``Pruner``: retention of terminal rows.
-- ``Supervisor``: runs several worker processes and replaces the ones that die.
+One module per concept:
+
+- ``worker``: ``Worker`` composes the components; start-up, signals and shutdown.
+- ``claimer``: claims as many due rows as there are free slots, in one statement.
+- ``slots``: threads that only run handlers, and the watchdog that writes off overruns.
+- ``settler``: writes outcomes back in fenced, batched statements.
+- ``heartbeat``: renews every in-flight lease in one UPDATE; refreshes the registry row.
+- ``sweeper``: recovers expired leases; cleans stale worker rows; fails unroutable tasks.
+- ``pruner``: retention of terminal rows, in small batches.
+- ``vacuumer``: vacuums the task table once its dead tuples pile up.
+- ``listener``: LISTEN on the claimer's connection: how a parked claimer is woken.
+- ``periodic``: the base of the components that do one thing on an interval.
+- ``supervisor``: runs ``--processes N`` worker processes; replaces the ones that exit.
+- ``spawn``: starts a fresh interpreter that runs one function of django_pgqueue.
+- ``prefork``: with ``--execution process``, each slot's handlers run in its child process.
+- ``claimed``: what the worker holds about a claimed task: the row and its lease.
+- ``outcomes``: the outcome policy: what each way an attempt can end does to the row.
+- ``execution``: runs one claimed task's handler and names how it ended.
+- ``asyncio_runner``: the event loop that ``async def`` handlers run on.
+- ``inflight``: the claims this process holds and has not settled yet, keyed by lease.
+- ``connection``: the components' own PostgreSQL connections, reconnecting with backoff.
+- ``logging``: log set-up, and the execution each log line is about.
+- ``stats``: the counters a worker keeps about itself (``metrics.py`` exports them).
 """

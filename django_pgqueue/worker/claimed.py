@@ -56,6 +56,9 @@ class ClaimedTask:
     cancel_hard: bool
     metadata_json: str
     received_monotonic: float = field(default_factory=time.monotonic)
+    # When a slot began running it: a prefetched task may wait for a slot, and its
+    # timeout counts from its start, not from its claim.
+    started_monotonic: float | None = None
     context: TaskContext | None = None
 
     @property
@@ -75,24 +78,36 @@ class ClaimedTask:
     def metadata(self) -> dict[str, Any]:
         return json.loads(self.metadata_json) if self.metadata_json else {}
 
+    def mark_started(self) -> None:
+        self.started_monotonic = time.monotonic()
+
+    @property
+    def waited(self) -> float:
+        """Seconds between the claim's arrival and the start of the handler."""
+        if self.started_monotonic is None:
+            return 0.0
+        return max(0.0, self.started_monotonic - self.received_monotonic)
+
     @property
     def deadline(self) -> datetime | None:
+        """The claim's database now(), plus the wait for a slot, plus the timeout."""
         if self.timeout is None:
             return None
-        return self.claimed_at + timedelta(seconds=self.timeout)
+        return self.claimed_at + timedelta(seconds=self.waited + self.timeout)
 
     @property
     def deadline_monotonic(self) -> float | None:
         """The watchdog's deadline on this process's monotonic clock.
 
-        The handler's deadline is the claim's database now() plus the timeout
-        (``deadline``). The claim's result arrives one round trip after that stamp, and
-        the watchdog starts counting then: at most a round trip of extra budget, and no
-        dependence on the worker's wall clock being in step with the database's.
+        The handler's deadline is ``deadline``, derived from the claim's database
+        now(). The claim's result arrives one round trip after that stamp, and the
+        watchdog starts counting from the handler's start: at most a round trip of extra
+        budget, and no dependence on the worker's wall clock being in step with the
+        database's.
         """
         if self.timeout is None:
             return None
-        return self.received_monotonic + self.timeout
+        return (self.started_monotonic or self.received_monotonic) + self.timeout
 
     def request_cancel(self, hard: bool = False) -> None:
         """The heartbeat saw a cancel request: tell the handler (and, if hard, the pool)."""

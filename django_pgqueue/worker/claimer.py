@@ -81,7 +81,7 @@ class Claimer:
         self.poll_interval = poll_interval
         self.starvation_timeout = starvation_timeout
         self._stop = threading.Event()
-        self.max_held = max_held or slots.size + max(slots.size, 100)
+        self.max_held = max_held or slots.capacity + max(slots.size, 100)
         self.listener = Listener(queues)
         # Claims commit durably unless ASYNC_CLAIMS is set: see connection.connect().
         self.session = Session(
@@ -108,7 +108,7 @@ class Claimer:
         self.listener.close()
 
     def _run(self) -> None:
-        linger_for = max(1, self.slots.size // 2)
+        linger_for = max(1, self.slots.capacity // 2)
         while not self._stop.is_set():
             free = self.slots.wait_for_free(linger_for, 0.001, self._stop)
             if self._stop.is_set():

@@ -78,7 +78,9 @@ _EXIT_TERMINATED = 128 + signal.SIGTERM
 
 _TASK_DATETIMES = tuple(f.name for f in fields(ClaimedTask) if f.type == "datetime")
 _TASK_FIELDS = tuple(
-    f.name for f in fields(ClaimedTask) if f.name not in ("received_monotonic", "context")
+    f.name
+    for f in fields(ClaimedTask)
+    if f.name not in ("received_monotonic", "started_monotonic", "context")
 )
 _OUTCOME_FIELDS = tuple(f.name for f in fields(Outcome) if f.name != "task")
 
@@ -435,8 +437,11 @@ def _task_message(task: ClaimedTask) -> dict[str, Any]:
     message = {name: getattr(task, name) for name in _TASK_FIELDS}
     for name in _TASK_DATETIMES:
         message[name] = message[name].isoformat()
-    # The child's deadline is this one: it counts from the claim, not from the pipe.
-    message["elapsed"] = time.monotonic() - task.received_monotonic
+    # The child's deadline is this one: it counts from the start in the slot (and the
+    # claim's time from the claim), not from the pipe.
+    now = time.monotonic()
+    message["elapsed"] = now - task.received_monotonic
+    message["started_elapsed"] = now - (task.started_monotonic or task.received_monotonic)
     return message
 
 
@@ -526,7 +531,12 @@ def _claimed_task(message: dict[str, Any]) -> ClaimedTask:
     values = {name: message[name] for name in _TASK_FIELDS}
     for name in _TASK_DATETIMES:
         values[name] = datetime.fromisoformat(values[name])
-    return ClaimedTask(**values, received_monotonic=time.monotonic() - message["elapsed"])
+    now = time.monotonic()
+    return ClaimedTask(
+        **values,
+        received_monotonic=now - message["elapsed"],
+        started_monotonic=now - message["started_elapsed"],
+    )
 
 
 def _write(out: Any, message: dict[str, Any]) -> None:

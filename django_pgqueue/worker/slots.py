@@ -38,6 +38,8 @@ class SlotPool:
         self,
         size: int,
         execute: Callable[[ClaimedTask], Outcome],
+        *,
+        prefetch: int = 0,
         on_outcome: Callable[[Outcome], None],
         stats: WorkerStats,
         timeout_grace: float,
@@ -45,6 +47,9 @@ class SlotPool:
         on_recycle: Callable[[], None],
     ) -> None:
         self.size = size
+        # Claimed tasks may wait for a slot: ``capacity`` is what the claimer may hold
+        # before any slot frees up (bigger claims, fewer commits per task).
+        self.capacity = size + prefetch
         self._execute = execute
         self._on_outcome = on_outcome
         self._stats = stats
@@ -52,7 +57,7 @@ class SlotPool:
         self._write_off_limit = write_off_limit
         self._on_recycle = on_recycle
         self._work: queue.SimpleQueue = queue.SimpleQueue()
-        self._free = size
+        self._free = self.capacity
         self._free_changed = threading.Condition()
         self._slots: list[_Slot] = []
         self._slots_lock = threading.Lock()
@@ -122,6 +127,7 @@ class SlotPool:
             task = self._work.get()
             if task is _STOP:
                 return
+            task.mark_started()
             with slot.lock:
                 slot.task = task
             outcome = self._execute(task)

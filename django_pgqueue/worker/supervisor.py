@@ -1,4 +1,4 @@
-"""Process mode: several worker processes under one supervisor.
+"""Several worker processes (``runtaskworker --processes N``) under one supervisor.
 
 The supervisor runs no tasks. It starts ``processes`` children with worker/spawn.py:
 fresh interpreters that inherit no database connection or lock, and never run the
@@ -8,10 +8,11 @@ whose handler overran timeout + grace writes its slot off and exits, so the stuc
 dies with it), forwards the first SIGTERM/SIGINT for a graceful stop, and kills the
 children on a second signal.
 
-Each child tells the supervisor over a pipe that it is ready once it has set Django up,
-imported the task modules, built its worker and bound its metrics port, just before the
-worker starts. A child that exits before that has failed at start-up: it is started
-again after a backoff, and when one slot's children fail at start-up
+Each child tells the supervisor over a pipe that it is ready once its worker has
+started (``Worker.run``'s ``on_started``): Django set up, the task modules imported, the
+metrics port bound, the prefork pool (``--execution process``) up, the worker registered
+and its components running. A child that exits before that has failed at start-up: it
+is started again after a backoff, and when one slot's children fail at start-up
 ``STARTUP_ATTEMPTS`` times in a row, the supervisor gives up: it stops the other
 children and exits with ``EXIT_CHILDREN_CANNOT_START``, naming the exit codes. Such
 failures (a broken settings module, a missing dependency, a port in use) do not fix
@@ -64,9 +65,12 @@ def run_child(
 
         serve_worker_metrics(metrics_port)
         watch_worker(worker)
-    os.write(ready_fd, _READY)
-    os.close(ready_fd)
-    return worker.run()
+
+    def ready() -> None:
+        os.write(ready_fd, _READY)
+        os.close(ready_fd)
+
+    return worker.run(on_started=ready)
 
 
 @dataclass

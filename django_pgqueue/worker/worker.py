@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import gc
 import json
 import logging
@@ -11,9 +12,11 @@ import socket
 import threading
 import time
 import uuid
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import field, make_dataclass, replace
+from functools import partial
 
-from django_pgqueue.conf import get_settings
+from django_pgqueue.conf import SETTINGS, get_settings
 from django_pgqueue.registry import registry
 from django_pgqueue.sql import QUERIES
 from django_pgqueue.worker.asyncio_runner import AsyncRunner
@@ -38,46 +41,37 @@ logger = logging.getLogger("django_pgqueue.worker")
 EXIT_RECYCLE = 75
 
 
-@dataclass
-class WorkerOptions:
-    """Everything ``runtaskworker`` can set; defaults come from settings.PGQUEUE."""
+# The settings the worker takes from its options (conf.SETTINGS rows with an ``option``).
+_OPTION_SETTINGS = [s for s in SETTINGS if s.option is not None]
 
-    queues: list[str] = field(default_factory=list)
-    concurrency: int = 0
-    lease_seconds: float = 0
-    heartbeat_seconds: float = 0
-    poll_interval: float = 0
-    sweep_interval: float = 0
-    shutdown_grace: float = 0
-    starvation_timeout: float = 0
-    timeout_grace: float = 0
-    write_off_limit: int = 0
-    execution: str = "thread"
-    kill_grace: float = 0
-    burst: bool = False
-    prune: bool = True
 
+class _WorkerOptionsMethods:
     @classmethod
     def from_settings(cls, **overrides: object) -> WorkerOptions:
+        """The effective settings, with each override that is not None on top."""
         conf = get_settings()
-        options = cls(
-            queues=list(conf.QUEUES),
-            concurrency=conf.CONCURRENCY,
-            lease_seconds=conf.LEASE_SECONDS,
-            heartbeat_seconds=conf.HEARTBEAT_SECONDS,
-            poll_interval=conf.POLL_INTERVAL,
-            sweep_interval=conf.SWEEP_INTERVAL,
-            shutdown_grace=conf.SHUTDOWN_GRACE,
-            starvation_timeout=conf.STARVATION_TIMEOUT,
-            timeout_grace=conf.TIMEOUT_GRACE,
-            write_off_limit=conf.WRITE_OFF_LIMIT,
-            execution=conf.EXECUTION,
-            kill_grace=conf.KILL_GRACE,
-        )
-        for key, value in overrides.items():
-            if value is not None:
-                setattr(options, key, value)
-        return options
+        options = cls(**{s.option: copy.deepcopy(getattr(conf, s.name)) for s in _OPTION_SETTINGS})
+        return replace(options, **{k: v for k, v in overrides.items() if v is not None})
+
+
+# Everything ``runtaskworker`` can set: one field per row of conf.SETTINGS that names an
+# ``option`` (with that setting's default), and what only the command decides.
+WorkerOptions = make_dataclass(
+    "WorkerOptions",
+    [
+        *(
+            (s.option, s.annotation, field(default_factory=partial(copy.deepcopy, s.default)))
+            for s in _OPTION_SETTINGS
+        ),
+        ("burst", bool, False),
+        ("prune", bool, True),
+    ],
+    bases=(_WorkerOptionsMethods,),
+    namespace={
+        "__doc__": "Everything runtaskworker can set; defaults from settings.PGQUEUE.",
+        "__module__": __name__,
+    },
+)
 
 
 class Worker:
@@ -103,12 +97,14 @@ class Worker:
         self._stop_requested = threading.Event()
         self._signals = 0
         self._first_signal_at = 0.0
+        self._started = False
         self.supervised = supervised
         self.exit_code = 0
 
         self.settler = Settler(self.alias, self.inflight, self.stats, self.worker_id)
         self.slots = SlotPool(
             options.concurrency,
+            prefetch=options.concurrency if options.prefetch is None else options.prefetch,
             execute=self._execute,
             on_outcome=self.settler.put,
             stats=self.stats,
@@ -186,8 +182,14 @@ class Worker:
                 task.log_prefix(),
             )
 
-    def run(self, install_signals: bool = True) -> int:
-        """Run until stopped (signal, burst drained, recycle). Returns the exit code."""
+    def run(
+        self, install_signals: bool = True, on_started: Callable[[], None] | None = None
+    ) -> int:
+        """Run until stopped (signal, burst drained, recycle). Returns the exit code.
+
+        ``on_started`` is called once the worker has registered and started its
+        components, right after it logs "started" (never if it stops before that).
+        """
         if not self.routes:
             logger.warning("no tasks are registered in this process: nothing can be claimed")
         if install_signals:
@@ -221,7 +223,10 @@ class Worker:
             self.options.heartbeat_seconds,
             ",".join(f"{name}@{version}" for name, version in self.routes),
         )
+        self._started = True
         try:
+            if on_started is not None:
+                on_started()
             while not self._stop_requested.wait(0.05 if self.options.burst else 1.0):
                 if self.options.burst and self._burst_done():
                     logger.info("burst: no task is due; stopping")
@@ -276,11 +281,17 @@ class Worker:
                 signal.Signals(signum).name,
             )
             os._exit(1)
-        logger.info(
-            "signal %s: stopping claims; running handlers get %.0fs to finish",
-            signal.Signals(signum).name,
-            self.options.shutdown_grace,
-        )
+        if self._started:
+            logger.info(
+                "signal %s: stopping claims; running handlers get %.0fs to finish",
+                signal.Signals(signum).name,
+                self.options.shutdown_grace,
+            )
+        else:
+            logger.info(
+                "signal %s: stopping before the worker has started",
+                signal.Signals(signum).name,
+            )
         self._stop_requested.set()
 
     # -- shutdown ---------------------------------------------------------------------

@@ -1,75 +1,32 @@
-"""``manage.py runtaskworker``: run a worker (or a supervisor of several)."""
+"""``manage.py runtaskworker``: run a worker (or a supervisor of several).
+
+Its flags come from the rows of ``conf.SETTINGS`` that name one: a flag wins over its
+setting, and its help shows the setting's effective value as the default.
+"""
 
 from __future__ import annotations
 
 import os
 import sys
+from typing import Any
 
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from django_pgqueue.conf import get_settings
+from django_pgqueue.conf import SETTINGS, Setting, get_settings
 from django_pgqueue.registry import validate_queue
 from django_pgqueue.worker.logging import configure_logging
 from django_pgqueue.worker.worker import EXIT_RECYCLE, Worker, WorkerOptions
+
+FLAG_SETTINGS = [s for s in SETTINGS if s.flag is not None]
 
 
 class Command(BaseCommand):
     help = "Run a django_pgqueue worker: claim tasks from the given queues and run them."
 
-    def add_arguments(self, parser):
+    def add_arguments(self, parser: CommandParser) -> None:
         conf = get_settings()
-        parser.add_argument(
-            "--queues", help=f"comma-separated queue names (default: {','.join(conf.QUEUES)})"
-        )
-        parser.add_argument(
-            "--concurrency",
-            type=int,
-            help=f"handler slots per process (default: {conf.CONCURRENCY})",
-        )
-        parser.add_argument(
-            "--processes",
-            type=int,
-            help=f"worker processes under a supervisor (default: {conf.PROCESSES})",
-        )
-        parser.add_argument(
-            "--lease",
-            type=float,
-            dest="lease_seconds",
-            help=f"lease duration in seconds (default: {conf.LEASE_SECONDS:g})",
-        )
-        parser.add_argument(
-            "--heartbeat",
-            type=float,
-            dest="heartbeat_seconds",
-            help=f"lease renewal interval (default: {conf.HEARTBEAT_SECONDS:g})",
-        )
-        parser.add_argument(
-            "--poll-interval",
-            type=float,
-            help=f"seconds between polls when idle (default: {conf.POLL_INTERVAL:g})",
-        )
-        parser.add_argument(
-            "--sweep-interval",
-            type=float,
-            help=f"seconds between expired-lease sweeps (default: {conf.SWEEP_INTERVAL:g})",
-        )
-        parser.add_argument(
-            "--shutdown-grace",
-            type=float,
-            help=f"seconds running handlers get after SIGTERM (default: {conf.SHUTDOWN_GRACE:g})",
-        )
-        parser.add_argument(
-            "--starvation-timeout",
-            type=float,
-            help="seconds a due task may wait before it jumps the priority "
-            f"order (default: {conf.STARVATION_TIMEOUT:g})",
-        )
-        parser.add_argument(
-            "--execution",
-            choices=["thread", "process"],
-            help="run handlers in threads, or each slot's in a child process that can be "
-            f"killed on timeout and hard cancel (default: {conf.EXECUTION})",
-        )
+        for setting in FLAG_SETTINGS:
+            _add_flag(parser, setting, getattr(conf, setting.name))
         parser.add_argument(
             "--burst", action="store_true", help="exit once no task is due and nothing is running"
         )
@@ -77,36 +34,18 @@ class Command(BaseCommand):
             "--no-prune", action="store_true", help="do not run retention in this worker"
         )
         parser.add_argument(
-            "--metrics-port", type=int, help="serve Prometheus /metrics on this port"
-        )
-        parser.add_argument(
             "--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"]
         )
 
     def handle(self, *args, **opts):
         configure_logging(opts["log_level"])
-        queues = None
-        if opts["queues"]:
-            queues = [q.strip() for q in opts["queues"].split(",") if q.strip()]
-            try:
-                for queue in queues:
-                    validate_queue(queue)
-            except ValueError as exc:
-                raise CommandError(str(exc)) from exc
+        opts["queues"] = _queues(opts["queues"])
         options = WorkerOptions.from_settings(
-            queues=queues,
-            concurrency=opts["concurrency"],
-            lease_seconds=opts["lease_seconds"],
-            heartbeat_seconds=opts["heartbeat_seconds"],
-            poll_interval=opts["poll_interval"],
-            sweep_interval=opts["sweep_interval"],
-            shutdown_grace=opts["shutdown_grace"],
-            starvation_timeout=opts["starvation_timeout"],
-            execution=opts["execution"],
+            **{s.option: opts[s.dest] for s in FLAG_SETTINGS if s.option is not None},
             burst=opts["burst"] or None,
             prune=not opts["no_prune"],
         )
-        _check(options)
+        _check(options, opts)
         metrics_port = opts["metrics_port"] or get_settings().METRICS_PORT
         processes = opts["processes"] or get_settings().PROCESSES
         if processes > 1:
@@ -134,21 +73,66 @@ class Command(BaseCommand):
         sys.exit(code)
 
 
-def _check(options: WorkerOptions) -> None:
-    if options.concurrency < 1:
-        raise CommandError("--concurrency must be at least 1")
-    if options.lease_seconds <= 0 or options.heartbeat_seconds <= 0:
-        raise CommandError("--lease and --heartbeat must be positive")
+def _add_flag(parser: CommandParser, setting: Setting, effective: Any) -> None:
+    """The flag of one setting: its type or choices from the setting's kind."""
+    if setting.choices is not None:
+        kind: dict[str, Any] = {"choices": list(setting.choices)}
+    elif setting.kind in (int, float):
+        kind = {"type": setting.kind}
+    else:  # a string; a list is given comma-separated
+        kind = {}
+    parser.add_argument(
+        setting.flag,
+        dest=setting.dest,
+        help=f"{setting.help} (default: {_shown(effective)})",
+        **kind,
+    )
+
+
+def _shown(value: Any) -> str:
+    """A setting's value as the flag's help shows it: 30, not 30.0; a,b for a list."""
+    if value is None:
+        return "none"
+    if isinstance(value, list | tuple):
+        return ",".join(value)
+    if isinstance(value, float):
+        return f"{value:g}"
+    return str(value)
+
+
+def _queues(value: str | None) -> list[str] | None:
+    """The queues of ``--queues a,b``; None when the flag is left out (or empty)."""
+    if not value:
+        return None
+    queues = [q.strip() for q in value.split(",") if q.strip()]
+    try:
+        for queue in queues:
+            validate_queue(queue)
+    except ValueError as exc:
+        raise CommandError(str(exc)) from exc
+    return queues
+
+
+def _check(options: WorkerOptions, opts: dict[str, Any]) -> None:
+    """Refuse to start with a value the worker cannot run with: each is checked against
+    its row of conf.SETTINGS, and named by its flag when the flag gave it, otherwise by
+    its setting (which ``manage.py check`` reports before the command runs)."""
+    conf = get_settings()
+    for setting in SETTINGS:
+        if setting.option is None and setting.flag is None:
+            continue  # not the worker's: read elsewhere, and checked by manage.py check
+        given = setting.dest is not None and opts[setting.dest] is not None
+        if setting.option is not None:
+            value = getattr(options, setting.option)
+        else:
+            value = opts[setting.dest] if given else getattr(conf, setting.name)
+        problem = setting.problem(value, setting.flag if given else f"PGQUEUE[{setting.name!r}]")
+        if problem is not None:
+            raise CommandError(problem.message)
     if options.heartbeat_seconds >= options.lease_seconds:
         raise CommandError(
             f"--heartbeat ({options.heartbeat_seconds:g}s) must be shorter than --lease "
             f"({options.lease_seconds:g}s), or every lease lapses between renewals"
         )
-    if options.execution not in ("thread", "process"):
-        raise CommandError(
-            f"PGQUEUE['EXECUTION'] is {options.execution!r}: use 'thread' or 'process'"
-        )
-    if options.kill_grace < 0:
-        raise CommandError(f"PGQUEUE['KILL_GRACE'] is {options.kill_grace:g}: use 0 or more")
     if not options.queues:
         raise CommandError("no queues to work on: pass --queues or set PGQUEUE['QUEUES']")
