@@ -145,20 +145,22 @@ SELECT nextval(pg_get_serial_sequence('pgqueue_task', 'id'));
 -- * Pending rows are due: rows due later are 'scheduled' (see stage), so a claim never
 --   walks the future, whatever its priority.
 -- * routes is every (queue, task_name, handler_version) the worker can run. candidates
---   walks pgqueue_task_claim once per route, an index-ordered top-N each, and stops: a
---   row of a task or version the worker does not run, or of another queue, is never
---   read, at any count. The merge of the per-route heads is small (routes x N rows).
--- * picked locks the best of the candidates with FOR NO KEY UPDATE SKIP LOCKED:
---   concurrent claimers never wait on, nor take, a row another claimer has picked.
---   Under READ COMMITTED a locked row is re-checked (EvalPlanQual), so a row claimed
---   and committed by someone else meanwhile no longer matches state = 'pending'. The
---   candidates are three times the limit, so rows locked by other claimers are
---   skipped without leaving the claim short. They are looked up by primary key
---   (id = ANY(array)): even a generic plan, which cannot know how few they are, never
---   turns that into a hash join over the backlog.
+--   walks pgqueue_task_claim once per route, an index-ordered top-N each, locking as it
+--   goes, and stops: a row of a task or version the worker does not run, or of another
+--   queue, is never read, at any count.
+-- * The lock is FOR NO KEY UPDATE SKIP LOCKED: concurrent claimers never wait on, nor
+--   take, a row another claimer is taking; under READ COMMITTED a locked row is
+--   re-checked (EvalPlanQual), so a row claimed and committed by someone else meanwhile
+--   no longer matches state = 'pending' and the walk goes on to the next. picked keeps
+--   the best N of the routes' heads; with several busy routes the rest stay locked, and
+--   unclaimed, only until this statement commits.
+-- * The final UPDATE and every step look rows up by primary key (id = ANY(array)), so
+--   even a generic plan, which cannot know how few they are, never turns a step into a
+--   hash join over the backlog.
 -- * The picks are MATERIALIZED CTEs: a plain subquery may be rescanned by the join
 --   above it, and every rescan would lock (and claim) more rows than asked for.
--- * Starvation escape, bounded fleet-wide: when a queue's oldest due task (per route,
+-- * Starvation escape, bounded fleet-wide (looked for when %(look_for_starving)s: the
+--   claimer asks once per window): when a queue's oldest due task (per route,
 --   through pgqueue_task_due) has waited longer than the starvation timeout, one claim
 --   in the whole fleet per window may take it regardless of priority. The window is
 --   the queue's row in pgqueue_queue (last_escape_at, created on first use). It is
@@ -185,7 +187,8 @@ WITH routes AS (
 window_open AS MATERIALIZED (
     SELECT q.queue
       FROM unnest(%(queues)s::text[]) AS q(queue)
-     WHERE NOT EXISTS (
+     WHERE %(look_for_starving)s::bool
+       AND NOT EXISTS (
                SELECT 1
                  FROM pgqueue_queue AS w
                 WHERE w.name = q.queue
@@ -238,21 +241,17 @@ candidates AS MATERIALIZED (
                 WHERE t.state = 'pending'
                   AND t.queue = r.queue AND t.task_name = r.task_name
                   AND t.handler_version = r.version
+                  AND t.id NOT IN (SELECT id FROM escaped)
                 ORDER BY t.priority DESC, t.run_at, t.id
-                LIMIT %(limit)s * 3
+                LIMIT %(limit)s - (SELECT count(*) FROM escaped)
+                  FOR NO KEY UPDATE OF t SKIP LOCKED
            ) AS c
-     ORDER BY c.priority DESC, c.run_at, c.id
-     LIMIT %(limit)s * 3
 ),
 picked AS MATERIALIZED (
-    SELECT t.id
-      FROM pgqueue_task AS t
-     WHERE t.id = ANY (ARRAY(SELECT id FROM candidates))
-       AND t.state = 'pending'
-       AND t.id NOT IN (SELECT id FROM escaped)
-     ORDER BY t.priority DESC, t.run_at, t.id
+    SELECT id
+      FROM candidates
+     ORDER BY priority DESC, run_at, id
      LIMIT %(limit)s - (SELECT count(*) FROM escaped)
-       FOR NO KEY UPDATE OF t SKIP LOCKED
 )
 UPDATE pgqueue_task AS t
    SET state = 'running',
@@ -262,8 +261,7 @@ UPDATE pgqueue_task AS t
        started_at = COALESCE(t.started_at, now()),
        last_attempted_at = now(),
        worker_id = %(worker_id)s
-  FROM (SELECT id FROM escaped UNION ALL SELECT id FROM picked) AS p
- WHERE t.id = p.id
+ WHERE t.id = ANY (ARRAY(SELECT id FROM escaped UNION ALL SELECT id FROM picked))
 RETURNING t.id, t.task_name, t.handler_version, t.queue, t.priority, t.args, t.kwargs,
           t.attempt, t.max_attempts, t.retry_policy::text AS retry_policy_json,
           EXTRACT(EPOCH FROM t.timeout)::float8 AS timeout, t.lease_token::text AS lease_token,

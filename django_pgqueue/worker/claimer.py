@@ -74,6 +74,7 @@ class Claimer:
         self.routes = routes
         self._route_params = route_params(queues, routes, starvation_timeout)
         self._stage_at = 0.0  # monotonic: stage before the next claim once past it
+        self._next_starvation_check = 0.0  # monotonic
         self.slots = slots
         self.inflight = inflight
         self.stats = stats
@@ -172,8 +173,15 @@ class Claimer:
         if want <= 0:
             return claimed, True
         token = str(uuid.uuid4())
+        # Looking for a starving task costs two index probes per route: once per
+        # escape window is enough, since only one escape per window is taken anyway.
+        now = time.monotonic()
+        look = now >= self._next_starvation_check
+        if look:
+            self._next_starvation_check = now + self._route_params["escape_window_seconds"]
         params = {
             **self._route_params,
+            "look_for_starving": look,
             "limit": want,
             "token": token,
             "lease_seconds": self.lease_seconds,
@@ -260,6 +268,7 @@ def route_params(
         "route_versions": [t[2] for t in triples],
         "starvation_seconds": starvation_timeout,
         "escape_window_seconds": starvation_timeout / 10,
+        "look_for_starving": True,
     }
 
 
