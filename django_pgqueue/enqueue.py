@@ -51,6 +51,10 @@ def build_row(definition: TaskDefinition, args: Any, kwargs: Any) -> dict[str, A
         "kwargs": dumps(checked_kwargs),
         "run_at": run_at,
         "delay": opts.delay,
+        # Scheduled rows are not claimable until the stager makes them pending. Any
+        # explicit run_at counts as scheduled (the caller's clock cannot tell whether it
+        # is past by the database's); one already due is staged at the next claim.
+        "state": "scheduled" if run_at is not None or opts.delay else "pending",
         "max_attempts": opts.max_attempts or definition.max_attempts,
         "retry_policy": dumps(backoff.as_dict()),
         "timeout": definition.call_timeout,

@@ -31,26 +31,24 @@
 -- name: enqueue
 -- One task, in the caller's transaction. run_at NULL means "now" in the database's
 -- clock; a delay is added to the database's now(), never to the caller's clock. A task
--- due later is inserted 'scheduled', outside the claim's index (staged when due).
+-- with a delay or a run_at is inserted 'scheduled' (the caller decides, see enqueue.py),
+-- outside the claim's index: the stager makes it pending when due.
 -- The wake-up goes to the queue's channel (one of 64, by hash: see the listener), so
 -- idle workers of other queues are not disturbed.
-WITH v AS (
-    SELECT COALESCE(%(run_at)s::timestamptz,
-                    statement_timestamp() + make_interval(secs => COALESCE(%(delay)s::float8, 0)))
-           AS run_at
-),
-inserted AS (
+WITH inserted AS (
     INSERT INTO pgqueue_task (
         id, queue, task_name, handler_version, priority, args, kwargs, run_at, state,
         max_attempts, retry_policy, timeout, unique_key, metadata
     )
-    SELECT COALESCE(%(id)s::bigint, nextval(pg_get_serial_sequence('pgqueue_task', 'id'))),
-           %(queue)s, %(task_name)s, %(handler_version)s, %(priority)s,
-           %(args)s::jsonb, %(kwargs)s::jsonb, v.run_at,
-           CASE WHEN v.run_at > statement_timestamp() THEN 'scheduled' ELSE 'pending' END,
-           %(max_attempts)s, %(retry_policy)s::jsonb,
-           make_interval(secs => %(timeout)s::float8), %(unique_key)s, %(metadata)s::jsonb
-      FROM v
+    VALUES (
+        COALESCE(%(id)s::bigint, nextval(pg_get_serial_sequence('pgqueue_task', 'id'))),
+        %(queue)s, %(task_name)s, %(handler_version)s, %(priority)s,
+        %(args)s::jsonb, %(kwargs)s::jsonb,
+        COALESCE(%(run_at)s::timestamptz,
+                 statement_timestamp() + make_interval(secs => COALESCE(%(delay)s::float8, 0))),
+        %(state)s, %(max_attempts)s, %(retry_policy)s::jsonb,
+        make_interval(secs => %(timeout)s::float8), %(unique_key)s, %(metadata)s::jsonb
+    )
     RETURNING id, queue, enqueued_at
 )
 SELECT id, enqueued_at,
@@ -63,23 +61,20 @@ SELECT id, enqueued_at,
 -- unique_key wins: ON CONFLICT on the partial unique index pgqueue_task_unique_live
 -- inserts nothing and returns no row; the caller then reads the existing id with
 -- find_live_unique.
-WITH v AS (
-    SELECT COALESCE(%(run_at)s::timestamptz,
-                    statement_timestamp() + make_interval(secs => COALESCE(%(delay)s::float8, 0)))
-           AS run_at
-),
-inserted AS (
+WITH inserted AS (
     INSERT INTO pgqueue_task (
         id, queue, task_name, handler_version, priority, args, kwargs, run_at, state,
         max_attempts, retry_policy, timeout, unique_key, metadata
     )
-    SELECT COALESCE(%(id)s::bigint, nextval(pg_get_serial_sequence('pgqueue_task', 'id'))),
-           %(queue)s, %(task_name)s, %(handler_version)s, %(priority)s,
-           %(args)s::jsonb, %(kwargs)s::jsonb, v.run_at,
-           CASE WHEN v.run_at > statement_timestamp() THEN 'scheduled' ELSE 'pending' END,
-           %(max_attempts)s, %(retry_policy)s::jsonb,
-           make_interval(secs => %(timeout)s::float8), %(unique_key)s, %(metadata)s::jsonb
-      FROM v
+    VALUES (
+        COALESCE(%(id)s::bigint, nextval(pg_get_serial_sequence('pgqueue_task', 'id'))),
+        %(queue)s, %(task_name)s, %(handler_version)s, %(priority)s,
+        %(args)s::jsonb, %(kwargs)s::jsonb,
+        COALESCE(%(run_at)s::timestamptz,
+                 statement_timestamp() + make_interval(secs => COALESCE(%(delay)s::float8, 0))),
+        %(state)s, %(max_attempts)s, %(retry_policy)s::jsonb,
+        make_interval(secs => %(timeout)s::float8), %(unique_key)s, %(metadata)s::jsonb
+    )
     ON CONFLICT (unique_key) WHERE unique_key IS NOT NULL
                                 AND state IN ('scheduled', 'pending', 'running', 'waiting')
     DO NOTHING
@@ -105,23 +100,19 @@ SELECT id, enqueued_at
 -- batch with a unique_key is a single enqueue_unique (the batch shares the key), and
 -- without one, speculative insertion would only slow every row down. One notification
 -- per batch (it has one queue).
-WITH v AS (
-    SELECT COALESCE(%(run_at)s::timestamptz,
-                    statement_timestamp() + make_interval(secs => COALESCE(%(delay)s::float8, 0)))
-           AS run_at
-),
-inserted AS (
+WITH inserted AS (
     INSERT INTO pgqueue_task (
         queue, task_name, handler_version, priority, args, kwargs, run_at, state,
         max_attempts, retry_policy, timeout, unique_key, metadata
     )
     SELECT %(queue)s, %(task_name)s, %(handler_version)s, %(priority)s,
-           c.args, c.kwargs, v.run_at,
-           CASE WHEN v.run_at > statement_timestamp() THEN 'scheduled' ELSE 'pending' END,
+           c.args, c.kwargs,
+           COALESCE(%(run_at)s::timestamptz,
+                    statement_timestamp() + make_interval(secs => COALESCE(%(delay)s::float8, 0))),
+           %(state)s,
            %(max_attempts)s, %(retry_policy)s::jsonb, make_interval(secs => %(timeout)s::float8),
            NULL, %(metadata)s::jsonb
-      FROM v,
-           ROWS FROM (jsonb_array_elements(%(args_list)s::jsonb),
+      FROM ROWS FROM (jsonb_array_elements(%(args_list)s::jsonb),
                       jsonb_array_elements(%(kwargs_list)s::jsonb))
            WITH ORDINALITY AS c(args, kwargs, n)
      ORDER BY c.n
