@@ -342,8 +342,12 @@ def drain(
     reset_queue()
     if shape is not None:
         fill(*shape)
+    with raw_connection() as conn:
+        (floor,) = conn.execute("SELECT COALESCE(max(id), 0) FROM pgqueue_task").fetchone()
     enqueue_backlog(backlog or total)
-    done = "state = 'succeeded' AND args <> '[]'"  # W8 terminal rows have no args
+    # The backlog's rows only, by primary key range: counting a W8 shape's million rows
+    # every 100 ms would cost the drain what it measures.
+    done = f"id > {floor} AND state = 'succeeded'"
     with raw_connection() as conn:
         conn.execute("VACUUM ANALYZE pgqueue_task")
         workers = [
@@ -361,12 +365,14 @@ def drain(
         for worker in workers:
             worker.stop()
         first, nth = conn.execute(
-            "SELECT (SELECT min(started_at) FROM pgqueue_task),"
+            f"SELECT (SELECT min(started_at) FROM pgqueue_task WHERE id > {floor}),"
             f" (SELECT finished_at FROM pgqueue_task WHERE {done}"
             "   ORDER BY finished_at OFFSET %s LIMIT 1)",
             [total - 1],
         ).fetchone()
-        duplicates = count(conn, "args <> '[]' AND (attempt > 1 OR jsonb_array_length(errors) > 0)")
+        duplicates = count(
+            conn, f"id > {floor} AND (attempt > 1 OR jsonb_array_length(errors) > 0)"
+        )
         succeeded = count(conn, done)
     seconds = (nth - first).total_seconds()
     return {
