@@ -350,6 +350,9 @@ def drain(
     done = f"id > {floor} AND state = 'succeeded'"
     with raw_connection() as conn:
         conn.execute("VACUUM ANALYZE pgqueue_task")
+        # Flush what the fill and the enqueue wrote: a checkpoint triggered by a
+        # million-row fill would otherwise land in the middle of the drain.
+        conn.execute("CHECKPOINT")
         workers = [
             WorkerProcess(
                 "--execution",
