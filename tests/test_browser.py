@@ -133,7 +133,7 @@ def test_staff_see_the_overview_match_the_rows_retry_a_dead_task_and_others_are_
     )
     assert (
         cell(page, "tests.tasks.noop", "scheduled")
-        == Task.objects.filter(state="pending", run_at__gt=timezone.now()).count()
+        == Task.objects.filter(state="scheduled", run_at__gt=timezone.now()).count()
     )
     assert cell(page, "tests.tasks.noop", "failed") == Task.objects.filter(state="failed").count()
     assert cell(page, "tests.tasks.noop", "completed_1h") == 1

@@ -262,4 +262,23 @@ def test_the_sweep_walks_the_due_index_of_served_queues_only(pg):
         r"\s+Index Cond: \(\(\(queue\)::text = rs\.queue\) AND .*\(run_at < ",
         plan,
     ), plan
-    assert "Sort" not in plan, plan
+    assert not sorts_of_task_rows(plan), plan
+
+
+def sorts_of_task_rows(plan: str) -> list[str]:
+    """The Sort nodes of a text plan that sort rows read from pgqueue_task. (A sort of
+    the workers' few rows, for an ordered array_agg, is fine; PostgreSQL 16 shows those
+    as Sort nodes.)"""
+    lines = plan.splitlines()
+    found = []
+    for index, line in enumerate(lines):
+        if "->  Sort" not in line:
+            continue
+        depth = len(line) - len(line.lstrip())
+        for below in lines[index + 1 :]:
+            if below.strip() and len(below) - len(below.lstrip()) <= depth:
+                break
+            if " on pgqueue_task " in below:
+                found.append(line.strip())
+                break
+    return found
