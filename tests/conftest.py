@@ -53,6 +53,21 @@ def database_url(settings_dict: dict) -> str:
     return url
 
 
+def server_address(settings_dict: dict) -> tuple[str, int] | str:
+    """Where a Django database alias's server listens: (host, port) or a Unix socket path."""
+    port = int(settings_dict.get("PORT") or 5432)
+    socket_dir = settings_dict.get("OPTIONS", {}).get("host")
+    if socket_dir:
+        return os.path.join(socket_dir, f".s.PGSQL.{port}")
+    return (settings_dict.get("HOST") or "127.0.0.1", port)
+
+
+def url_through(settings_dict: dict, port: int) -> str:
+    """The database URL of ``settings_dict``, reached through a proxy on a local port."""
+    options = {k: v for k, v in settings_dict.get("OPTIONS", {}).items() if k != "host"}
+    return database_url({**settings_dict, "HOST": "127.0.0.1", "PORT": port, "OPTIONS": options})
+
+
 @pytest.fixture
 def db_url(transactional_db: None) -> str:
     """The URL of the test database (committed data only: transactional tests)."""

@@ -19,7 +19,6 @@ SSLRequest or GSSENCRequest with "N" itself, so the conversation stays plain tex
 from __future__ import annotations
 
 import contextlib
-import os
 import selectors
 import socket
 import threading
@@ -28,15 +27,6 @@ import threading
 _SSL_REQUEST = 80877103
 _GSSENC_REQUEST = 80877104
 _PROTOCOL_3 = 196608
-
-
-def upstream_of(settings_dict: dict) -> tuple[str, int] | str:
-    """Where a Django database alias's server listens: (host, port) or a Unix socket path."""
-    port = int(settings_dict.get("PORT") or 5432)
-    socket_dir = settings_dict.get("OPTIONS", {}).get("host")
-    if socket_dir:
-        return os.path.join(socket_dir, f".s.PGSQL.{port}")
-    return (settings_dict.get("HOST") or "127.0.0.1", port)
 
 
 class _Messages:

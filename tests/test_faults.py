@@ -23,9 +23,9 @@ from django.db import connections
 from django_pgqueue.models import Task
 from django_pgqueue.sql import QUERIES
 from tests import fault_tasks, framework_tasks
-from tests.conftest import database_url, wait_until
+from tests.conftest import server_address, url_through, wait_until
 from tests.fault_tasks import runs
-from tests.faultproxy import ReplyLosingProxy, upstream_of
+from tests.faultproxy import ReplyLosingProxy
 from tests.testapp.models import Run
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -70,14 +70,8 @@ def statement_marker(name: str) -> str:
 def lossy(db_url: str):
     """A proxy in front of the test database that can lose one statement's reply."""
     settings = connections["default"].settings_dict
-    proxy = ReplyLosingProxy(upstream_of(settings))
-    proxied = {
-        **settings,
-        "HOST": "127.0.0.1",
-        "PORT": proxy.port,
-        "OPTIONS": {k: v for k, v in settings.get("OPTIONS", {}).items() if k != "host"},
-    }
-    proxy.url = database_url(proxied)
+    proxy = ReplyLosingProxy(server_address(settings))
+    proxy.url = url_through(settings, proxy.port)
     yield proxy
     proxy.close()
 

@@ -2,7 +2,6 @@
 connections that silently stop answering, reconnects with backoff, loses no task, and
 stops promptly on a signal whatever the database is doing."""
 
-import os
 import signal
 import threading
 import time
@@ -13,7 +12,7 @@ from django.db import connections
 from django_pgqueue.models import Task
 from django_pgqueue.worker.connection import Session
 from tests import tasks
-from tests.conftest import database_url, wait_until
+from tests.conftest import server_address, url_through, wait_until
 from tests.proxy import CuttableProxy
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -31,19 +30,8 @@ def quick_to_give_up(monkeypatch):
 @pytest.fixture
 def proxy(db_url):
     settings = connections["default"].settings_dict
-    socket_dir = settings.get("OPTIONS", {}).get("host")
-    if socket_dir:
-        target = os.path.join(socket_dir, f".s.PGSQL.{settings.get('PORT') or 5432}")
-    else:
-        target = (settings["HOST"] or "127.0.0.1", int(settings["PORT"] or 5432))
-    proxy = CuttableProxy(target)
-    proxied = {
-        **settings,
-        "HOST": "127.0.0.1",
-        "PORT": proxy.port,
-        "OPTIONS": {k: v for k, v in settings.get("OPTIONS", {}).items() if k != "host"},
-    }
-    proxy.url = database_url(proxied)
+    proxy = CuttableProxy(server_address(settings))
+    proxy.url = url_through(settings, proxy.port)
     yield proxy
     proxy.close()
 
