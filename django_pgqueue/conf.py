@@ -359,6 +359,16 @@ def unknown_keys() -> list[str]:
     return sorted(set(configured()) - set(SETTINGS_BY_NAME))
 
 
+def get_setting(name: str) -> Any:
+    """One effective setting, without building them all: for hot paths (enqueue reads
+    DATABASE on every call). Like ``get_settings``, it reads ``settings.PGQUEUE`` each
+    time, so ``override_settings`` works."""
+    value = configured().get(name, DEFAULTS[name])
+    if name in _MUTABLE_DEFAULTS:
+        return getattr(get_settings(), name)
+    return value
+
+
 def get_settings() -> PgQueueSettings:
     """The effective settings: each row's default overlaid with ``settings.PGQUEUE``.
 

@@ -5,15 +5,16 @@ Validation happens before any SQL runs, so bad input raises and writes nothing.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
 from django.db import connections, transaction
 from django.utils import timezone
 
-from django_pgqueue.conf import get_settings
+from django_pgqueue.conf import get_setting
 from django_pgqueue.exceptions import InvalidTaskError
 from django_pgqueue.payload import check_json, check_text, dumps
 from django_pgqueue.registry import Call
@@ -21,13 +22,27 @@ from django_pgqueue.sql import QUERIES
 
 if TYPE_CHECKING:
     from django_pgqueue.registry import TaskDefinition
+    from django_pgqueue.retry import RetryPolicy
 
 
 UNIQUE_KEY_MAX_LENGTH = 255  # the unique_key column
 
 
 def database_alias() -> str:
-    return get_settings().DATABASE
+    return get_setting("DATABASE")
+
+
+_NO_DELAY = timedelta(0)
+
+
+@functools.lru_cache(maxsize=256)
+def _policy_json(policy: RetryPolicy) -> str:
+    """A retry policy's JSON: the same few policies are written on every enqueue."""
+    return dumps(policy.as_dict())
+
+
+def _interval(seconds: float | None) -> timedelta | None:
+    return None if seconds is None else timedelta(seconds=seconds)
 
 
 def build_row(definition: TaskDefinition, args: Any, kwargs: Any) -> dict[str, Any]:
@@ -50,14 +65,14 @@ def build_row(definition: TaskDefinition, args: Any, kwargs: Any) -> dict[str, A
         "args": dumps(checked_args),
         "kwargs": dumps(checked_kwargs),
         "run_at": run_at,
-        "delay": opts.delay,
+        "delay": _interval(opts.delay) or _NO_DELAY,
         # Scheduled rows are not claimable until the stager makes them pending. Any
         # explicit run_at counts as scheduled (the caller's clock cannot tell whether it
         # is past by the database's); one already due is staged at the next claim.
         "state": "scheduled" if run_at is not None or opts.delay else "pending",
         "max_attempts": opts.max_attempts or definition.max_attempts,
-        "retry_policy": dumps(backoff.as_dict()),
-        "timeout": definition.call_timeout,
+        "retry_policy": _policy_json(backoff),
+        "timeout": _interval(definition.call_timeout),
         "unique_key": unique_key,
         "metadata": dumps(metadata),
     }

@@ -1,11 +1,14 @@
-"""Wake-ups: NOTIFY on commit only, one per queue per transaction; idle workers start
-new tasks at once and scheduled ones at their run_at, not at the next poll."""
+"""Wake-ups: NOTIFY on commit only, one per queue per transaction, and from a single
+enqueue only while a worker of the queue is parked; idle workers start new tasks at once
+and scheduled ones at their run_at, not at the next poll, also when the enqueue's
+transaction was in flight while the worker went to park."""
 
+import threading
 import time
 from datetime import timedelta
 
 import pytest
-from django.db import transaction
+from django.db import connection, transaction
 from django.utils import timezone
 
 from django_pgqueue.models import Task
@@ -20,12 +23,25 @@ pytestmark = pytest.mark.django_db(transaction=True)
 SLOW_POLL = ("--poll-interval", "30")
 
 
+def park_like_a_worker(conn, queues: list[str], listen: bool = True) -> list[int]:
+    """LISTEN on the queues' channels and take the parked mark, as an idle claimer does;
+    returns the channel numbers."""
+    rows = conn.execute(QUERIES["listen_channels"], {"queues": queues}).fetchall()
+    for channel, _number in rows:
+        if listen:
+            conn.execute(f'LISTEN "{channel}"')
+    numbers = [number for _channel, number in rows]
+    params = {"channels": numbers, "held": []}
+    statuses = dict(conn.execute(QUERIES["park_prepare"], params).fetchall())
+    assert set(statuses.values()) == {"clear"}, statuses
+    return numbers
+
+
 @pytest.fixture
 def listener(db_url):
-    """A connection listening like a worker of the queues "default" and "other"."""
+    """A connection listening like a parked worker of the queues "default" and "other"."""
     conn = connect("default")
-    for (channel,) in conn.execute(QUERIES["listen_channels"], {"queues": ["default", "other"]}):
-        conn.execute(f'LISTEN "{channel}"')
+    park_like_a_worker(conn, ["default", "other"])
     yield conn
     conn.close()
 
@@ -94,8 +110,8 @@ def test_polling_still_finds_work_when_no_notification_arrives(start_worker, pg)
 
 
 def test_each_queue_notifies_on_its_own_channel(pg):
-    (default,) = pg.execute(QUERIES["listen_channels"], {"queues": ["default"]}).fetchone()
-    pg.execute(f'LISTEN "{default}"')
+    default, _number = pg.execute(QUERIES["listen_channels"], {"queues": ["default"]}).fetchone()
+    park_like_a_worker(pg, ["default"])
 
     tasks.other_queue.enqueue(1)  # "other" hashes to another channel than "default"
     tasks.noop.enqueue(1)
@@ -111,10 +127,98 @@ def test_an_idle_worker_runs_no_statement_when_tasks_arrive_in_another_queue(sta
         tasks.noop.enqueue(n)  # queue "default", one transaction each
 
     worker.stop()
-    stats = dict(
-        item.split("=") for item in worker.log().rsplit("stopped: ", 1)[1].split()
-    )
+    stats = dict(item.split("=") for item in worker.log().rsplit("stopped: ", 1)[1].split())
     # Start-up only (a claim, and one more after the wake-up every new connection
     # counts as); none for the 30 enqueues into another queue.
     assert int(stats["claim_statements"]) <= 2, stats
     assert int(stats["next_due_statements"]) <= 2, stats
+
+
+PARKED_MARKS = (
+    "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND classid = 1885827329 AND granted"
+)
+
+
+def test_an_enqueue_notifies_only_while_a_worker_of_its_channel_is_parked(pg):
+    numbers = park_like_a_worker(pg, ["default"])
+    pg.execute(QUERIES["park_release"], {"channels": numbers})  # busy: mark dropped
+
+    tasks.noop.enqueue(1)
+    assert notifications(pg) == []  # a busy worker claims again without being told
+
+    park_like_a_worker(pg, ["default"], listen=False)
+    tasks.noop.enqueue(2)
+    assert notifications(pg) == ["default"]
+
+
+class _OpenEnqueue:
+    """An enqueue whose transaction stays open in another thread until ``commit()``."""
+
+    def __init__(self, task, *args):
+        self._commit = threading.Event()
+        self._enqueued = threading.Event()
+        self.committed_at = None
+        self.task_id = None
+        self._thread = threading.Thread(target=self._run, args=(task, args))
+        self._thread.start()
+        assert self._enqueued.wait(10)
+
+    def _run(self, task, args):
+        try:
+            with transaction.atomic():
+                self.task_id = task.enqueue(*args)
+                self._enqueued.set()
+                self._commit.wait(30)
+            self.committed_at = timezone.now()
+        finally:
+            connection.close()
+
+    def commit(self):
+        self._commit.set()
+        self._thread.join(10)
+
+
+def test_a_claimer_cannot_park_while_an_enqueue_that_saw_no_mark_is_in_flight(pg):
+    numbers = [n for _channel, n in pg.execute(QUERIES["listen_channels"], {"queues": ["default"]})]
+    open_enqueue = _OpenEnqueue(tasks.noop, 1)  # no claimer parked: it does not notify
+
+    params = {"channels": numbers, "held": []}
+    assert dict(pg.execute(QUERIES["park_prepare"], params).fetchall()) == {numbers[0]: "in_flight"}
+    open_enqueue.commit()
+    # The mark is held now; once the enqueue committed the claimer may claim and park.
+    params = {"channels": numbers, "held": numbers}
+    assert dict(pg.execute(QUERIES["park_prepare"], params).fetchall()) == {numbers[0]: "clear"}
+    assert pg.execute(PARKED_MARKS).fetchone()[0] == 1
+
+
+def test_a_task_committed_after_the_worker_parked_without_a_notification_runs_promptly(
+    start_worker, pg
+):
+    """The race the parked mark closes: the enqueue checks for a parked worker while the
+    worker is busy (so it does not notify), the worker then runs out of work and parks,
+    and only then does the enqueue commit. The worker must not sleep until its poll."""
+    start_worker("--concurrency", "1", *SLOW_POLL)
+    wait_until(lambda: pg.execute(PARKED_MARKS).fetchone()[0] == 1, message="worker parked")
+    tasks.noop.enqueue_many(range(3000))  # claims come back full: the mark is dropped
+    wait_until(lambda: pg.execute(PARKED_MARKS).fetchone()[0] == 0, message="worker busy")
+
+    watcher = connect("default")
+    listen_only(watcher, ["default"])  # sees a notification if one is sent; marks nothing
+    late = _OpenEnqueue(tasks.record, "late")  # the worker is busy: no notification
+
+    def parked_with_nothing_left():
+        pending = Task.objects.filter(state="pending").exclude(pk=late.task_id).count()
+        return pending == 0 and pg.execute(PARKED_MARKS).fetchone()[0] == 1
+
+    wait_until(parked_with_nothing_left, timeout=60, message="backlog drained, worker parked")
+    late.commit()
+    run = wait_until(lambda: Run.objects.filter(label="late").first(), timeout=20)
+
+    assert notifications(watcher, wait=0.1) == []  # it was woken by no notification
+    watcher.close()
+    assert run.started_at - late.committed_at < timedelta(seconds=2)  # the poll: 30 s
+
+
+def listen_only(conn, queues: list[str]) -> None:
+    for channel, _number in conn.execute(QUERIES["listen_channels"], {"queues": queues}):
+        conn.execute(f'LISTEN "{channel}"')

@@ -19,70 +19,90 @@
 -- States: 'scheduled' rows are due later and sit outside the claim's indexes; the
 -- stager makes them 'pending' when due, so every pending row is due.
 --
--- Wake-ups: enqueue and every path that makes a task due again send
--- pg_notify('pgqueue_' || (hashtext(<queue>) & 63), <queue>) inside their own
+-- Wake-ups: every path that makes a task due again sends
+-- pg_notify('pgqueue_' || (hashtext(<queue>) & 63), <queue>) inside its own
 -- transaction: one of 64 channels by the queue's hash, the queue name as payload. A
 -- worker LISTENs only on its queues' channels (and ignores other queues sharing one),
 -- so an enqueue never wakes the idle workers of other queues. A notification is
 -- delivered on commit only, never for a rollback; PostgreSQL folds identical
 -- notifications of one transaction into one: one wake per queue per transaction.
+--
+-- A single enqueue notifies only when a worker of its channel is parked (see
+-- docs/worker.md, "Wake-ups"): a NOTIFY takes a cluster-wide lock through the
+-- notifying transaction's commit, so notifying every enqueue serialises the commits
+-- of concurrent web requests. Two advisory locks per channel (two-int form, class
+-- PARKED = 1885827329 and ENQUEUING = 1885827328, object = the channel number) decide
+-- it without losing a wake-up:
+--   - a parked claimer holds PARKED shared (session lock on its LISTEN connection);
+--   - an enqueue holds ENQUEUING shared until its transaction ends, then asks whether
+--     PARKED is held (a momentary exclusive try) and notifies if it is;
+--   - a claimer about to park takes PARKED, then waits until no enqueue that might
+--     have asked before is still in flight (an exclusive try on ENQUEUING, retried),
+--     then claims once more before it parks. An enqueue that saw no mark committed
+--     before that claim, so the claim takes its row.
 
 
 -- name: enqueue
 -- One task, in the caller's transaction. run_at NULL means "now" in the database's
--- clock; a delay is added to the database's now(), never to the caller's clock. A task
--- with a delay or a run_at is inserted 'scheduled' (the caller decides, see enqueue.py),
--- outside the claim's index: the stager makes it pending when due.
--- The wake-up goes to the queue's channel (one of 64, by hash: see the listener), so
--- idle workers of other queues are not disturbed.
-WITH inserted AS (
-    INSERT INTO pgqueue_task (
-        id, queue, task_name, handler_version, priority, args, kwargs, run_at, state,
-        max_attempts, retry_policy, timeout, unique_key, metadata
-    )
-    VALUES (
-        COALESCE(%(id)s::bigint, nextval(pg_get_serial_sequence('pgqueue_task', 'id'))),
-        %(queue)s, %(task_name)s, %(handler_version)s, %(priority)s,
-        %(args)s::jsonb, %(kwargs)s::jsonb,
-        COALESCE(%(run_at)s::timestamptz,
-                 statement_timestamp() + make_interval(secs => COALESCE(%(delay)s::float8, 0))),
-        %(state)s, %(max_attempts)s, %(retry_policy)s::jsonb,
-        make_interval(secs => %(timeout)s::float8), %(unique_key)s, %(metadata)s::jsonb
-    )
-    RETURNING id, queue, enqueued_at
+-- clock; a delay (an interval) is added to the database's now(), never to the caller's
+-- clock. A task with a delay or a run_at is inserted 'scheduled' (the caller decides,
+-- see enqueue.py), outside the claim's index: the stager makes it pending when due.
+-- The statement is kept plain because a web request pays for it: one INSERT, no CTE,
+-- no function call or cast the planner must resolve per call (the id's sequence is
+-- named: PostgreSQL names an identity column's sequence <table>_<column>_seq), since
+-- Django sends it as text and the server plans it every time.
+INSERT INTO pgqueue_task (
+    id, queue, task_name, handler_version, priority, args, kwargs, run_at, state,
+    max_attempts, retry_policy, timeout, unique_key, metadata
 )
-SELECT id, enqueued_at,
-       pg_notify('pgqueue_' || (hashtext(queue) & 63), queue)::text
-  FROM inserted;
+    VALUES (
+        COALESCE(%(id)s, nextval('pgqueue_task_id_seq')),
+        %(queue)s, %(task_name)s, %(handler_version)s, %(priority)s, %(args)s, %(kwargs)s,
+        COALESCE(%(run_at)s, statement_timestamp() + %(delay)s),
+        %(state)s, %(max_attempts)s, %(retry_policy)s, %(timeout)s, %(unique_key)s,
+        %(metadata)s
+    )
+    RETURNING id, enqueued_at,
+        CASE -- the wake-up (see the header): notify only when a worker may be parked
+            WHEN NOT pg_try_advisory_xact_lock_shared(1885827328, hashtext(queue) & 63)
+                -- a claimer is checking in flight enqueues at this instant: notify
+                THEN pg_notify('pgqueue_' || (hashtext(queue) & 63), queue)::text
+            WHEN pg_try_advisory_lock(1885827329, hashtext(queue) & 63)
+                -- no claimer of this channel is parked: release the probe, no notify
+                THEN pg_advisory_unlock(1885827329, hashtext(queue) & 63)::text
+            ELSE pg_notify('pgqueue_' || (hashtext(queue) & 63), queue)::text
+        END AS woke;
 
 
 -- name: enqueue_unique
 -- As enqueue, but a live row (scheduled, pending, running, waiting) with the same
 -- unique_key wins: ON CONFLICT on the partial unique index pgqueue_task_unique_live
--- inserts nothing and returns no row; the caller then reads the existing id with
--- find_live_unique.
-WITH inserted AS (
-    INSERT INTO pgqueue_task (
-        id, queue, task_name, handler_version, priority, args, kwargs, run_at, state,
-        max_attempts, retry_policy, timeout, unique_key, metadata
-    )
+-- inserts nothing and returns no row (and takes no lock, sends no notification); the
+-- caller then reads the existing id with find_live_unique.
+INSERT INTO pgqueue_task (
+    id, queue, task_name, handler_version, priority, args, kwargs, run_at, state,
+    max_attempts, retry_policy, timeout, unique_key, metadata
+)
     VALUES (
-        COALESCE(%(id)s::bigint, nextval(pg_get_serial_sequence('pgqueue_task', 'id'))),
-        %(queue)s, %(task_name)s, %(handler_version)s, %(priority)s,
-        %(args)s::jsonb, %(kwargs)s::jsonb,
-        COALESCE(%(run_at)s::timestamptz,
-                 statement_timestamp() + make_interval(secs => COALESCE(%(delay)s::float8, 0))),
-        %(state)s, %(max_attempts)s, %(retry_policy)s::jsonb,
-        make_interval(secs => %(timeout)s::float8), %(unique_key)s, %(metadata)s::jsonb
+        COALESCE(%(id)s, nextval('pgqueue_task_id_seq')),
+        %(queue)s, %(task_name)s, %(handler_version)s, %(priority)s, %(args)s, %(kwargs)s,
+        COALESCE(%(run_at)s, statement_timestamp() + %(delay)s),
+        %(state)s, %(max_attempts)s, %(retry_policy)s, %(timeout)s, %(unique_key)s,
+        %(metadata)s
     )
     ON CONFLICT (unique_key) WHERE unique_key IS NOT NULL
                                 AND state IN ('scheduled', 'pending', 'running', 'waiting')
     DO NOTHING
-    RETURNING id, queue, enqueued_at
-)
-SELECT id, enqueued_at,
-       pg_notify('pgqueue_' || (hashtext(queue) & 63), queue)::text
-  FROM inserted;
+    RETURNING id, enqueued_at,
+        CASE -- the wake-up (see the header): notify only when a worker may be parked
+            WHEN NOT pg_try_advisory_xact_lock_shared(1885827328, hashtext(queue) & 63)
+                -- a claimer is checking in flight enqueues at this instant: notify
+                THEN pg_notify('pgqueue_' || (hashtext(queue) & 63), queue)::text
+            WHEN pg_try_advisory_lock(1885827329, hashtext(queue) & 63)
+                -- no claimer of this channel is parked: release the probe, no notify
+                THEN pg_advisory_unlock(1885827329, hashtext(queue) & 63)::text
+            ELSE pg_notify('pgqueue_' || (hashtext(queue) & 63), queue)::text
+        END AS woke;
 
 
 -- name: find_live_unique
@@ -107,10 +127,8 @@ WITH inserted AS (
     )
     SELECT %(queue)s, %(task_name)s, %(handler_version)s, %(priority)s,
            c.args, c.kwargs,
-           COALESCE(%(run_at)s::timestamptz,
-                    statement_timestamp() + make_interval(secs => COALESCE(%(delay)s::float8, 0))),
-           %(state)s,
-           %(max_attempts)s, %(retry_policy)s::jsonb, make_interval(secs => %(timeout)s::float8),
+           COALESCE(%(run_at)s, statement_timestamp() + %(delay)s),
+           %(state)s, %(max_attempts)s, %(retry_policy)s::jsonb, %(timeout)s::interval,
            NULL, %(metadata)s::jsonb
       FROM ROWS FROM (jsonb_array_elements(%(args_list)s::jsonb),
                       jsonb_array_elements(%(kwargs_list)s::jsonb))
@@ -126,7 +144,7 @@ SELECT id, (SELECT pg_notify('pgqueue_' || (hashtext(%(queue)s) & 63), %(queue)s
 -- name: reserve_id
 -- enqueue_on_commit hands out the id before the insert runs (sequences are not
 -- transactional, so a rolled-back caller only leaves a gap in the ids).
-SELECT nextval(pg_get_serial_sequence('pgqueue_task', 'id'));
+SELECT nextval('pgqueue_task_id_seq');
 
 
 -- name: claim
@@ -323,9 +341,35 @@ SELECT EXTRACT(EPOCH FROM min(n.run_at) - now())::float8 AS seconds
 
 -- name: listen_channels
 -- The notification channels of these queues: one of 64 per queue, by hashtext, the
--- same expression every notifying statement uses (keep them in step).
-SELECT DISTINCT 'pgqueue_' || (hashtext(q) & 63) AS channel
+-- same expression every notifying statement uses (keep them in step), with the
+-- channel's number (the object of its two advisory locks, see the header).
+SELECT DISTINCT 'pgqueue_' || (hashtext(q) & 63) AS channel, hashtext(q) & 63 AS number
   FROM unnest(%(queues)s::text[]) AS q;
+
+
+-- name: park_prepare
+-- A claimer about to park (see the header, "Wake-ups"), per channel number: take the
+-- parked mark (PARKED shared, a session lock kept while parked) unless it holds it
+-- already, then check that no enqueue is in flight that may have asked before the mark
+-- was taken (an exclusive try on ENQUEUING, released at once; never a blocking wait,
+-- which would queue every new enqueue behind it). 'clear': the claimer claims once
+-- more and may then park for as long as it likes; 'in_flight': it retries shortly;
+-- 'unmarked': an enqueue held the mark's lock for its probe at this instant, retry.
+SELECT c AS number,
+       CASE
+           WHEN NOT (CASE WHEN c = ANY(%(held)s::int[]) THEN true
+                          ELSE pg_try_advisory_lock_shared(1885827329, c) END)
+               THEN 'unmarked'
+           WHEN pg_try_advisory_lock(1885827328, c)
+               THEN CASE WHEN pg_advisory_unlock(1885827328, c) THEN 'clear' END
+           ELSE 'in_flight'
+       END AS status
+  FROM unnest(%(channels)s::int[]) AS c;
+
+
+-- name: park_release
+-- A claimer that is busy again drops its parked marks: enqueues stop notifying it.
+SELECT pg_advisory_unlock_shared(1885827329, c) FROM unnest(%(channels)s::int[]) AS c;
 
 
 -- name: settle

@@ -48,6 +48,13 @@ logger = logging.getLogger("django_pgqueue.worker")
 STAGE_INTERVAL = 0.25
 # Rows staged per statement.
 STAGE_BATCH = 1000
+# A claimer whose claims come back full for this long drops its parked mark (seconds):
+# enqueues then stop notifying it (see listener.py).
+UNPARK_AFTER = 0.05
+# While an enqueue that may have missed the parked mark is in flight, the claimer parks
+# at most this long before it checks again (seconds, doubling from the first).
+PARK_RETRY_FIRST = 0.001
+PARK_RETRY_CAP = 0.05
 
 
 class Claimer:
@@ -91,6 +98,8 @@ class Claimer:
         # Tokens of claims whose reply was lost: token -> give up looking at (monotonic).
         self._unconfirmed: dict[str, float] = {}
         self._backoff = Backoff()
+        self._busy_since: float | None = None  # monotonic: claims full since then
+        self._park_retry = PARK_RETRY_FIRST
         self._thread = threading.Thread(target=self._run, name="pgqueue-claimer", daemon=True)
         # Set while parked with nothing claimable (burst mode exits on it).
         self.idle = threading.Event()
@@ -140,16 +149,27 @@ class Claimer:
                 continue
             if saturated or claimed == free:
                 self.idle.clear()
+                self._busy()
                 continue
             if claimed:
                 self.idle.clear()
+            self._busy_since = None
             try:
+                retry_in = self._prepare_park()
+                if retry_in == 0:
+                    continue  # claim once more: it sees every enqueue that did not notify
                 timeout = self._park_timeout()
+            except CONNECTION_ERRORS:
+                self.session.close()
+                continue
             except Exception:
                 if self._stop.is_set():
                     break
                 logger.exception("claimer: next-due lookup failed")
                 timeout = self.poll_interval
+                retry_in = None
+            if retry_in is not None:
+                timeout = min(timeout, retry_in)
             if timeout <= 0:  # a scheduled task is due: stage it and claim again
                 self.idle.clear()
                 continue
@@ -163,6 +183,30 @@ class Claimer:
                 self.listener.wait(self.session._conn, timeout)
             except psycopg.Error:
                 self.session.close()  # the next claim reconnects (and LISTENs again)
+
+    def _prepare_park(self) -> float | None:
+        """Before parking: None if the parked mark is in place (park at will); 0 if it
+        was just put in place (claim once more first); else how long to park at most
+        before checking again, while an enqueue that did not notify may be in flight."""
+        if self.listener.park_ready:
+            return None
+        if self.session.call(self.listener.prepare_park, retry=False):
+            self._park_retry = PARK_RETRY_FIRST
+            return 0.0
+        retry_in = self._park_retry
+        self._park_retry = min(PARK_RETRY_CAP, self._park_retry * 2)
+        return retry_in
+
+    def _busy(self) -> None:
+        """Claims come back full: drop the parked mark once that has lasted a while."""
+        now = time.monotonic()
+        if self._busy_since is None:
+            self._busy_since = now
+        elif self.listener.parked_mark and now - self._busy_since >= UNPARK_AFTER:
+            try:
+                self.session.call(self.listener.release_park, retry=False)
+            except CONNECTION_ERRORS:
+                self.session.close()  # the locks went with the session
 
     def _claim_round(self, free: int) -> tuple[int, bool]:
         """Stage what is due (when it is time), then one claim across all queues."""

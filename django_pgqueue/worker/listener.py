@@ -11,6 +11,12 @@ LISTENs only on its queues' channels, so the server does not even deliver other
 queues' notifications to it; one that shares a channel is read off the socket and
 ignored without waking the claimer (no database statement is run for it).
 
+A single enqueue notifies only while a claimer of its channel is parked (a NOTIFY
+serialises commits on the server; queries.sql's header has the protocol): the claimer
+takes the parked mark and passes the in-flight check (``prepare_park``) before it parks,
+and drops the mark once it is busy again (``release_park``). The mark is a session lock
+on the claimer's connection, so a lost connection or a killed worker drops it.
+
 Notifications are best-effort (the claimer also polls), so after every (re)connect the
 claimer is woken once in case one was missed. A notification that arrives while a
 claim is running is kept (psycopg hands it to ``_on_notify``), so the wake-up that
@@ -39,15 +45,42 @@ class Listener:
         os.set_blocking(self._read, False)
         os.set_blocking(self._write, False)
         self._pending = False
+        self._channels: list[int] = []  # the channel numbers of our queues
+        self._held: set[int] = set()  # channels whose parked mark this connection holds
+        self.park_ready = False  # marked on every channel, and no enqueue left unsure
 
     def attach(self, conn: psycopg.Connection) -> None:
         """On each new claimer connection: LISTEN, and count it as a wake-up."""
         queues = {"queues": sorted(self.queues)}
-        channels = [row[0] for row in conn.execute(QUERIES["listen_channels"], queues)]
-        for channel in channels:
+        rows = conn.execute(QUERIES["listen_channels"], queues).fetchall()
+        for channel, _number in rows:
             conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(channel)))
         conn.add_notify_handler(self._on_notify)
+        self._channels = sorted(number for _channel, number in rows)
+        self._held = set()  # a new session holds no lock
+        self.park_ready = False
         self._pending = True
+
+    def prepare_park(self, conn: psycopg.Connection) -> bool:
+        """Take the parked mark on our channels and check that no enqueue that could
+        have missed it is in flight. True: claim once more, then park at will. False:
+        retry shortly (an enqueue that did not notify may still commit)."""
+        params = {"channels": self._channels, "held": sorted(self._held)}
+        statuses = dict(conn.execute(QUERIES["park_prepare"], params).fetchall())
+        self._held = {number for number, status in statuses.items() if status != "unmarked"}
+        self.park_ready = all(status == "clear" for status in statuses.values())
+        return self.park_ready
+
+    @property
+    def parked_mark(self) -> bool:
+        return bool(self._held)
+
+    def release_park(self, conn: psycopg.Connection) -> None:
+        """Busy again: enqueues need not notify us."""
+        self.park_ready = False
+        if self._held:
+            held, self._held = sorted(self._held), set()
+            conn.execute(QUERIES["park_release"], {"channels": held}).fetchall()
 
     def wake(self) -> None:
         """Wake the claimer from another thread."""
