@@ -24,7 +24,8 @@ else:
     }
 
 PGQUEUE = {
-    "TASK_MODULES": ["benchmarks.tasks"],
+    "TASK_MODULES": ["benchmarks.tasks"]
+    + (["benchmarks.async_tasks"] if os.environ.get("PGQUEUE_BENCH_ASYNC_TASKS") == "1" else []),
     "PRUNE_INTERVAL": 3600.0,
     # W2a-async: the opt-in asynchronous claims, measured against the default.
     "ASYNC_CLAIMS": os.environ.get("PGQUEUE_BENCH_ASYNC_CLAIMS") == "1",

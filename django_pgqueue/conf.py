@@ -176,6 +176,15 @@ SETTINGS: tuple[Setting, ...] = (
         minimum=0, nullable=True,
     ),
     Setting(
+        "ASYNC_CONCURRENCY", 100, int,
+        "Async slots per worker process: how many async def handlers it awaits at once "
+        "on its event loop, beside the CONCURRENCY thread slots. They hold no thread and "
+        "no database connection while they await (thread execution only).",
+        flag="--async-concurrency", help="async def handlers awaited at once per process",
+        option="async_concurrency",
+        minimum=1,
+    ),
+    Setting(
         "PROCESSES", 1, int,
         "Worker processes; with more than 1, a supervisor runs them.",
         flag="--processes", help="worker processes under a supervisor",

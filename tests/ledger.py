@@ -91,7 +91,11 @@ def read(path: str | Path) -> list[dict[str, Any]]:
     if not path.exists():
         return []
     events = []
-    for number, line in enumerate(path.read_text().splitlines(), 1):
+    text = path.read_text()
+    lines = text.splitlines()
+    if text and not text.endswith("\n"):
+        lines.pop()  # a line a handler is writing right now: read it next time
+    for number, line in enumerate(lines, 1):
         try:
             events.append(json.loads(line))
         except json.JSONDecodeError as exc:

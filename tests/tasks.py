@@ -171,3 +171,9 @@ def logs_a_line() -> None:
 async def async_nap(seconds: float) -> float:
     await asyncio.sleep(seconds)
     return seconds
+
+
+@task(takes_context=True)
+def time_left_at_start(context: TaskContext) -> float:
+    """Seconds left of the attempt's timeout when the handler starts."""
+    return context.time_left().total_seconds()

@@ -2,8 +2,11 @@
 
 import signal
 import socket
+import time
+from datetime import timedelta
 
 import pytest
+from django.db.models import Max, Min
 
 from django_pgqueue import cancel, queue_overview
 from django_pgqueue.models import Task
@@ -249,3 +252,41 @@ def test_a_signal_before_the_worker_started_says_it_stops_before_starting(start_
     log = worker.log()
     assert "signal SIGTERM: stopping before the worker has started" in log
     assert "to finish" not in log
+
+
+def test_async_handlers_wait_together_in_async_slots_not_threads(start_worker):
+    """200 handlers that each await 1 s, on a worker with 2 thread slots: they hold no
+    thread, so they run side by side (in thread slots they would take 100 s)."""
+    ids = tasks.async_nap.enqueue_many([1.0] * 200)
+    start_worker("--concurrency", "2", "--async-concurrency", "200")
+
+    wait_until(
+        lambda: Task.objects.filter(pk__in=ids, state="succeeded").count() == 200, timeout=30
+    )
+    spans = Task.objects.filter(pk__in=ids).aggregate(
+        first=Min("started_at"), last=Max("finished_at")
+    )
+    assert spans["last"] - spans["first"] < timedelta(seconds=5)
+
+
+def test_sync_tasks_run_while_the_async_slots_are_full(start_worker):
+    naps = tasks.async_nap.enqueue_many([3.0] * 4)
+    start_worker("--concurrency", "2", "--async-concurrency", "4")
+    wait_until(lambda: Task.objects.filter(pk__in=naps, state="running").count() == 4)
+
+    sync_id = tasks.noop.enqueue(7)
+
+    wait_until(lambda: Task.objects.get(pk=sync_id).state == "succeeded", timeout=2)
+    assert Task.objects.filter(pk__in=naps, state="running").count() == 4
+
+
+def test_async_tasks_beyond_the_async_slots_wait_for_one(start_worker):
+    ids = tasks.async_nap.enqueue_many([1.0] * 6)
+    start_worker("--concurrency", "4", "--async-concurrency", "2")
+
+    wait_until(lambda: Task.objects.filter(pk__in=ids, state="running").count() == 2)
+    time.sleep(0.3)
+    assert Task.objects.filter(pk__in=ids, state="running").count() == 2  # not 4, not 6
+    wait_until(
+        lambda: Task.objects.filter(pk__in=ids, state="succeeded").count() == 6, timeout=20
+    )

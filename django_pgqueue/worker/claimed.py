@@ -78,6 +78,10 @@ class ClaimedTask:
     def metadata(self) -> dict[str, Any]:
         return json.loads(self.metadata_json) if self.metadata_json else {}
 
+    @property
+    def route(self) -> tuple[str, int]:
+        return self.task_name, self.handler_version
+
     def mark_started(self) -> None:
         self.started_monotonic = time.monotonic()
 

@@ -30,6 +30,9 @@ import random
 import threading
 import time
 import uuid
+from collections import Counter
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import psycopg
 from psycopg.rows import class_row
@@ -41,6 +44,9 @@ from django_pgqueue.worker.inflight import InFlight
 from django_pgqueue.worker.listener import Listener
 from django_pgqueue.worker.slots import SlotPool
 from django_pgqueue.worker.stats import WorkerStats
+
+if TYPE_CHECKING:
+    from django_pgqueue.worker.async_slots import AsyncSlots
 
 logger = logging.getLogger("django_pgqueue.worker")
 
@@ -55,6 +61,10 @@ UNPARK_AFTER = 0.05
 # at most this long before it checks again (seconds, doubling from the first).
 PARK_RETRY_FIRST = 0.001
 PARK_RETRY_CAP = 0.05
+# With two lanes (thread and async slots), a lane whose claim came back short is not
+# claimed into again for this long while the claimer does not park (seconds); a parked
+# claimer that wakes up asks both.
+LANE_RECHECK = 0.05
 
 
 class Claimer:
@@ -75,11 +85,20 @@ class Claimer:
         starvation_timeout: float,
         durable: bool = True,
         max_held: int | None = None,
+        async_lane: tuple[AsyncSlots, list[tuple[str, int]]] | None = None,
     ) -> None:
         self.worker_id = worker_id
         self.queues = queues
         self.routes = routes
         self._route_params = route_params(queues, routes, starvation_timeout)
+        # What to claim into: the thread slots (routes: the sync tasks, or all of them),
+        # and the async slots for the async tasks when the worker has both kinds.
+        self._lanes = [_Lane(slots, routes, self._route_params)]
+        if async_lane is not None:
+            pool, async_routes = async_lane
+            lane = _Lane(pool, async_routes, route_params(queues, async_routes, starvation_timeout))
+            self._lanes = [lane for lane in [*self._lanes, lane] if lane.routes]
+        self._lane_of = {route: lane for lane in self._lanes for route in lane.routes}
         self._stage_at = 0.0  # monotonic: stage before the next claim once past it
         self._next_starvation_check = 0.0  # monotonic
         self.slots = slots
@@ -89,7 +108,7 @@ class Claimer:
         self.poll_interval = poll_interval
         self.starvation_timeout = starvation_timeout
         self._stop = threading.Event()
-        self.max_held = max_held or slots.capacity + max(slots.size, 100)
+        self.max_held = max_held or sum(lane.max_held for lane in self._lanes)
         self.listener = Listener(queues)
         # Claims commit durably unless ASYNC_CLAIMS is set: see connection.connect().
         self.session = Session(
@@ -118,9 +137,9 @@ class Claimer:
         self.listener.close()
 
     def _run(self) -> None:
-        linger_for = max(1, self.slots.capacity // 2)
+        linger_for = max(1, sum(lane.pool.capacity for lane in self._lanes) // 2)
         while not self._stop.is_set():
-            free = self.slots.wait_for_free(linger_for, 0.001, self._stop)
+            free = self._wait_for_free(linger_for, 0.001)
             if self._stop.is_set():
                 break
             if len(self.inflight) >= self.max_held:
@@ -157,7 +176,10 @@ class Claimer:
             try:
                 retry_in = self._prepare_park()
                 if retry_in == 0:
-                    continue  # claim once more: it sees every enqueue that did not notify
+                    # Claim once more, in every lane: it sees every enqueue that did
+                    # not notify.
+                    self._ask_every_lane()
+                    continue
                 timeout = self._park_timeout()
             except CONNECTION_ERRORS:
                 self.session.close()
@@ -183,6 +205,7 @@ class Claimer:
                 self.listener.wait(self.session._conn, timeout)
             except psycopg.Error:
                 self.session.close()  # the next claim reconnects (and LISTENs again)
+            self._ask_every_lane()  # after a wake-up or a poll
 
     def _prepare_park(self) -> float | None:
         """Before parking: None if the parked mark is in place (park at will); 0 if it
@@ -208,24 +231,83 @@ class Claimer:
             except CONNECTION_ERRORS:
                 self.session.close()  # the locks went with the session
 
+    def _wait_for_free(self, minimum: int, linger: float) -> int:
+        """Block until a slot is free to claim into; then linger up to ``linger`` s for
+        ``minimum`` free (see SlotPool.wait_for_free). Returns the free slots in all.
+
+        With two lanes, a lane whose last claim came back short is claimed into again
+        only LANE_RECHECK after it: until then its free slots do not end the wait."""
+        if len(self._lanes) == 1:
+            return self._lanes[0].pool.wait_for_free(minimum, linger, self._stop)
+        changed = self.slots._free_changed  # shared by the lanes' pools
+        with changed:
+            while not self._stop.is_set():
+                now = time.monotonic()
+                waits = [lane.recheck_in(now) for lane in self._lanes if lane.pool._free > 0]
+                if waits and min(waits) <= 0:
+                    break
+                changed.wait(min([*waits, 0.1]))
+            free = sum(lane.pool._free for lane in self._lanes)
+            if free < minimum and linger > 0:
+                changed.wait_for(
+                    lambda: sum(lane.pool._free for lane in self._lanes) >= minimum, linger
+                )
+            return sum(lane.pool._free for lane in self._lanes)
+
+    def _ask_every_lane(self) -> None:
+        for lane in self._lanes:
+            lane.short_at = None
+
     def _claim_round(self, free: int) -> tuple[int, bool]:
-        """Stage what is due (when it is time), then one claim across all queues."""
+        """Stage what is due (when it is time), then one claim across all queues per
+        lane. True when the claimer should claim again rather than park: a claim came
+        back full, or (with two lanes) one lane's slots are all busy."""
         claimed = self._adopt_unconfirmed() if self._unconfirmed else 0
         if time.monotonic() >= self._stage_at:
             self._stage()
-        want = free - claimed
-        if want <= 0:
-            return claimed, True
-        token = str(uuid.uuid4())
         # Looking for a starving task costs two index probes per route: once per
         # escape window is enough, since only one escape per window is taken anyway.
         now = time.monotonic()
         look = now >= self._next_starvation_check
         if look:
             self._next_starvation_check = now + self._route_params["escape_window_seconds"]
+        if len(self._lanes) == 1:
+            want = free - claimed
+            if want <= 0:
+                return claimed, True
+            got = self._claim(self._lanes[0], want, look)
+            return claimed + got, got == want
+        # Two lanes: while one lane's slots are all busy, the claimer does not park (it
+        # waits for them, see _wait_for_free) and asks the other lane, whose last claim
+        # came back short, again every LANE_RECHECK: at most that late for its work.
+        busy = False
+        held = Counter(self._lane_of.get(task.route) for task in self.inflight.snapshot())
+        for lane in self._lanes:
+            want = lane.pool.free()
+            if want <= 0:
+                busy = True
+                continue
+            if lane.recheck_in(now) > 0:
+                continue
+            # Each lane bounds what it holds unsettled, as max_held does for one lane.
+            want = min(want, lane.max_held - held[lane])
+            if want <= 0:
+                busy, lane.short_at = True, now  # settlement is behind: look again soon
+                continue
+            got = self._claim(lane, want, look)
+            claimed += got
+            if got == want:
+                busy = True
+                lane.short_at = None
+            else:
+                lane.short_at = now
+        return claimed, busy
+
+    def _claim(self, lane: _Lane, want: int, look_for_starving: bool) -> int:
+        token = str(uuid.uuid4())
         params = {
-            **self._route_params,
-            "look_for_starving": look,
+            **lane.params,
+            "look_for_starving": look_for_starving,
             "limit": want,
             "token": token,
             "lease_seconds": self.lease_seconds,
@@ -238,8 +320,8 @@ class Claimer:
             # The server may have committed the claim before the connection broke.
             self._unconfirmed[token] = time.monotonic() + self.lease_seconds
             raise
-        self._hand_over(tasks)
-        return claimed + len(tasks), len(tasks) == want
+        self._hand_over(tasks, lane)
+        return len(tasks)
 
     def _stage(self) -> None:
         """Make the due scheduled rows of this worker's queues pending."""
@@ -273,15 +355,17 @@ class Claimer:
                 len(tasks),
                 ", ".join(str(t.id) for t in tasks),
             )
-            self._hand_over(tasks, adopted=True)
+            for lane in self._lanes:
+                mine = [t for t in tasks if self._lane_of.get(t.route) is lane]
+                self._hand_over(mine, lane, adopted=True)
         return len(tasks)
 
-    def _hand_over(self, tasks: list[ClaimedTask], adopted: bool = False) -> None:
+    def _hand_over(self, tasks: list[ClaimedTask], lane: _Lane, adopted: bool = False) -> None:
         if not tasks:
             return
         tasks.sort(key=lambda t: (-t.priority, t.run_at, t.id))
         self.inflight.add(tasks)
-        self.slots.submit(tasks, overflow=adopted)
+        lane.pool.submit(tasks, overflow=adopted)
         self.stats.incr("claimed", len(tasks))
 
     def _park_timeout(self) -> float:
@@ -297,6 +381,29 @@ class Claimer:
             self._stage_at = min(self._stage_at, time.monotonic() + seconds)
             timeout = min(timeout, seconds)
         return timeout
+
+
+@dataclass(eq=False)
+class _Lane:
+    """Slots of one kind and the routes whose tasks run in them."""
+
+    pool: SlotPool | AsyncSlots
+    routes: list[tuple[str, int]]
+    params: dict[str, object]
+
+    @property
+    def max_held(self) -> int:
+        """Claims of this lane in flight (running, waiting for a slot, or waiting to be
+        settled) past which it claims no more: see Claimer.max_held."""
+        return self.pool.capacity + max(self.pool.size, 100)
+    short_at: float | None = None  # monotonic: its last claim came back short
+
+    def recheck_in(self, now: float) -> float:
+        """Seconds until this lane may be claimed into again (<= 0: now)."""
+        if self.short_at is None:
+            return 0.0
+        return self.short_at + LANE_RECHECK - now
+
 
 def route_params(
     queues: list[str], routes: list[tuple[str, int]], starvation_timeout: float

@@ -7,11 +7,13 @@ module only runs the handler and maps what happened onto that policy.
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import logging
 import time
 from typing import Any
 
+from asgiref.sync import sync_to_async
 from django.db import close_old_connections
 
 from django_pgqueue.context import TaskContext
@@ -67,6 +69,59 @@ def execute(task: ClaimedTask, database: str, async_runner: AsyncRunner | None) 
 
 
 def _execute(task: ClaimedTask, database: str, async_runner: AsyncRunner | None) -> Outcome:
+    prepared = _prepare(task, database)
+    if isinstance(prepared, Outcome):
+        return prepared
+    definition, call_args = prepared
+    close_old_connections()
+    started = time.monotonic()
+    try:
+        result = _invoke(definition, task, call_args, async_runner)
+        return _succeeded(task, result, time.monotonic() - started)
+    except BaseException as exc:  # SystemExit from a handler must not kill its slot
+        return _raised(task, definition, call_args, exc)
+    finally:
+        close_old_connections()
+
+
+async def execute_async(task: ClaimedTask, database: str) -> Outcome:
+    """``execute`` for an ``async def`` handler awaited on the worker's event loop (an
+    async slot, see async_slots.py): the same outcomes, the timeout by ``wait_for``.
+    Never raises."""
+    marker = current_lease.set(task.lease)
+    try:
+        prepared = _prepare(task, database)
+        if isinstance(prepared, Outcome):
+            return prepared
+        definition, call_args = prepared
+        # Async handlers reach the ORM through sync_to_async, whose connections live in
+        # asgiref's thread: recycle those like a request would.
+        await sync_to_async(close_old_connections)()
+        started = time.monotonic()
+        try:
+            coro = definition.func(*call_args, **task.kwargs)
+            remaining = None
+            if task.deadline_monotonic is not None:
+                remaining = max(0.0, task.deadline_monotonic - time.monotonic())
+            result = await (coro if remaining is None else asyncio.wait_for(coro, remaining))
+            return _succeeded(task, result, time.monotonic() - started)
+        except asyncio.CancelledError as exc:
+            if task.cancel_requested:  # a hard cancel (AsyncSlots.cancel)
+                return outcomes.cancelled(task, outcomes.error_entry(task, exc, "Cancelled"))
+            return outcomes.failed(task, outcomes.error_entry(task, exc))
+        except BaseException as exc:
+            return _raised(task, definition, call_args, exc)
+        finally:
+            await sync_to_async(close_old_connections)()
+    except BaseException as exc:  # a bug above must not lose the task: fail the attempt
+        logger.exception("%s: the async slot failed", task.log_prefix())
+        return outcomes.failed(task, outcomes.error_entry(task, exc))
+    finally:
+        current_lease.reset(marker)
+
+
+def _prepare(task: ClaimedTask, database: str) -> tuple[TaskDefinition, list[Any]] | Outcome:
+    """The handler and its positional arguments, or the outcome of a row that cannot run."""
     try:
         definition = registry.get(task.task_name, task.handler_version)
     except TaskNotRegistered as exc:  # the claim filters on routes; defensive only
@@ -76,44 +131,46 @@ def _execute(task: ClaimedTask, database: str, async_runner: AsyncRunner | None)
         return outcomes.unrunnable(task, "InvalidTaskError", problem)
     if definition.takes_context:
         task.context = make_context(task, database)
-        call_args = [task.context, *task.args]
-    else:
-        call_args = task.args
+        return definition, [task.context, *task.args]
+    return definition, task.args
 
-    close_old_connections()
-    started = time.monotonic()
+
+def _succeeded(task: ClaimedTask, result: Any, runtime: float) -> Outcome:
     try:
-        result = _invoke(definition, task, call_args, async_runner)
-        runtime = time.monotonic() - started
-        try:
-            result = check_json(result, "result")
-        except InvalidTaskError as exc:
-            return outcomes.unrunnable(
-                task, "TypeError", f"the task returned a value that cannot be stored: {exc}"
-            )
-        return outcomes.succeeded(task, result, runtime)
-    except Snooze as exc:
+        result = check_json(result, "result")
+    except InvalidTaskError as exc:
+        return outcomes.unrunnable(
+            task, "TypeError", f"the task returned a value that cannot be stored: {exc}"
+        )
+    return outcomes.succeeded(task, result, runtime)
+
+
+def _raised(
+    task: ClaimedTask, definition: TaskDefinition, call_args: list[Any], exc: BaseException
+) -> Outcome:
+    """The outcome of a handler that raised ``exc``."""
+    if isinstance(exc, Snooze):
         return outcomes.snoozed(task, exc.delay)
-    except Continue as exc:
+    if isinstance(exc, Continue):
         try:
             checkpoint = check_json(exc.checkpoint, "checkpoint")
         except InvalidTaskError as bad:
             return outcomes.failed(task, outcomes.error_entry(task, bad), retryable=False)
         return outcomes.continued(task, checkpoint, save=exc.checkpoint is not None)
-    except Cancelled as exc:
+    if isinstance(exc, Cancelled):
         return outcomes.cancelled(task, outcomes.error_entry(task, exc, "Cancelled"))
-    except Retry as exc:
+    if isinstance(exc, Retry):
         return outcomes.failed(task, outcomes.error_entry(task, exc), retry_delay=exc.delay)
-    except LeaseLost as exc:
+    if isinstance(exc, LeaseLost):
         return outcomes.failed(task, outcomes.error_entry(task, exc), label=outcomes.LOST)
-    except TimeoutError as exc:
+    if isinstance(exc, TimeoutError):
         deadline = task.deadline_monotonic
         if deadline is not None and time.monotonic() >= deadline - 0.01:
             return outcomes.timed_out(
                 task, f"the attempt exceeded its timeout of {task.timeout:g}s"
             )
         return outcomes.failed(task, outcomes.error_entry(task, exc))
-    except Exception as exc:
+    if isinstance(exc, Exception):
         # A TypeError may mean the stored arguments do not fit the function (checked
         # only now, so the common path pays nothing): that fails for good.
         if isinstance(exc, TypeError):
@@ -124,11 +181,7 @@ def _execute(task: ClaimedTask, database: str, async_runner: AsyncRunner | None)
                 )
         if task.cancel_requested or (task.context is not None and task.context.cancel_requested):
             return outcomes.cancelled(task, outcomes.error_entry(task, exc))
-        return outcomes.failed(task, outcomes.error_entry(task, exc))
-    except BaseException as exc:  # SystemExit from a handler must not kill its slot
-        return outcomes.failed(task, outcomes.error_entry(task, exc))
-    finally:
-        close_old_connections()
+    return outcomes.failed(task, outcomes.error_entry(task, exc))
 
 
 def _invoke(

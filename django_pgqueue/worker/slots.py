@@ -45,6 +45,7 @@ class SlotPool:
         timeout_grace: float,
         write_off_limit: int,
         on_recycle: Callable[[], None],
+        changed: threading.Condition | None = None,
     ) -> None:
         self.size = size
         # Claimed tasks may wait for a slot: ``capacity`` is what the claimer may hold
@@ -58,7 +59,8 @@ class SlotPool:
         self._on_recycle = on_recycle
         self._work: queue.SimpleQueue = queue.SimpleQueue()
         self._free = self.capacity
-        self._free_changed = threading.Condition()
+        # Shared with the async slots, if any: the claimer waits for either to free up.
+        self._free_changed = changed or threading.Condition()
         self._slots: list[_Slot] = []
         self._slots_lock = threading.Lock()
         self._next_number = 0
@@ -144,9 +146,12 @@ class SlotPool:
                     self._stats.incr("late_return")
                     return
             self._on_outcome(outcome)
-            with self._free_changed:
-                self._free += 1
-                self._free_changed.notify_all()
+            self._freed()
+
+    def _freed(self) -> None:
+        with self._free_changed:
+            self._free += 1
+            self._free_changed.notify_all()
 
     # -- watchdog ---------------------------------------------------------------------
     def _watch(self) -> None:
@@ -192,8 +197,6 @@ class SlotPool:
             self._slots.remove(slot)
         if not self._stopping.is_set():
             self._spawn()
-        with self._free_changed:
-            self._free += 1
-            self._free_changed.notify_all()
+        self._freed()
         if self.written_off >= self._write_off_limit:
             self._on_recycle()

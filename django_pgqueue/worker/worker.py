@@ -19,6 +19,7 @@ from functools import partial
 from django_pgqueue.conf import SETTINGS, get_settings
 from django_pgqueue.registry import registry
 from django_pgqueue.sql import QUERIES
+from django_pgqueue.worker.async_slots import AsyncSlots
 from django_pgqueue.worker.asyncio_runner import AsyncRunner
 from django_pgqueue.worker.claimed import ClaimedTask
 from django_pgqueue.worker.claimer import Claimer
@@ -114,11 +115,25 @@ class Worker:
             write_off_limit=options.write_off_limit,
             on_recycle=self.request_recycle,
         )
+        # Async handlers get async slots (no thread each) when they run in this process.
+        self.async_slots: AsyncSlots | None = None
+        claim_routes, async_lane = self.routes, None
+        if self._async_runner is not None:
+            self.async_slots = AsyncSlots(
+                options.async_concurrency,
+                self._async_runner,
+                self.alias,
+                on_outcome=self.settler.put,
+                changed=self.slots._free_changed,
+            )
+            claim_routes = [(d.name, d.version) for d in definitions if not d.is_async]
+            async_routes = [(d.name, d.version) for d in definitions if d.is_async]
+            async_lane = (self.async_slots, async_routes)
         self.claimer = Claimer(
             self.alias,
             self.worker_id,
             options.queues,
-            self.routes,
+            claim_routes,
             self.slots,
             self.inflight,
             self.stats,
@@ -126,6 +141,7 @@ class Worker:
             poll_interval=options.poll_interval,
             starvation_timeout=options.starvation_timeout,
             durable=not conf.ASYNC_CLAIMS,
+            async_lane=async_lane,
         )
         self.heartbeat = Heartbeat(
             self.alias,
@@ -173,6 +189,8 @@ class Worker:
     def _on_hard_cancel(self, task: ClaimedTask) -> None:
         if self.pool is not None:
             self.pool.kill(task.lease)
+        elif self.async_slots is not None and self.async_slots.cancel(task):
+            pass  # an async handler is interrupted at its current await
         elif not self._hard_cancel_warned:
             self._hard_cancel_warned = True
             logger.warning(
