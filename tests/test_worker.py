@@ -290,3 +290,18 @@ def test_async_tasks_beyond_the_async_slots_wait_for_one(start_worker):
     wait_until(
         lambda: Task.objects.filter(pk__in=ids, state="succeeded").count() == 6, timeout=20
     )
+
+
+def test_a_hard_cancel_interrupts_a_running_async_handler(start_worker):
+    task_id = tasks.async_nap.enqueue(30.0)
+    start_worker("--heartbeat", "0.5")
+    wait_until(lambda: Task.objects.get(pk=task_id).state == "running")
+
+    assert cancel(task_id, hard=True) == "cancel_requested"
+
+    row = wait_until(
+        lambda: Task.objects.filter(pk=task_id, state="cancelled").first(), timeout=5
+    )
+    assert row.errors[-1]["message"] == (
+        "cancelled with hard=True: the async handler was interrupted at its await"
+    )

@@ -107,7 +107,10 @@ async def execute_async(task: ClaimedTask, database: str) -> Outcome:
             return _succeeded(task, result, time.monotonic() - started)
         except asyncio.CancelledError as exc:
             if task.cancel_requested:  # a hard cancel (AsyncSlots.cancel)
-                return outcomes.cancelled(task, outcomes.error_entry(task, exc, "Cancelled"))
+                interrupted = Cancelled(
+                    "cancelled with hard=True: the async handler was interrupted at its await"
+                )
+                return outcomes.cancelled(task, outcomes.error_entry(task, interrupted))
             return outcomes.failed(task, outcomes.error_entry(task, exc))
         except BaseException as exc:
             return _raised(task, definition, call_args, exc)
