@@ -29,6 +29,10 @@ PGQUEUE = {
     "PRUNE_INTERVAL": 3600.0,
     # W2a-async: the opt-in asynchronous claims, measured against the default.
     "ASYNC_CLAIMS": os.environ.get("PGQUEUE_BENCH_ASYNC_CLAIMS") == "1",
+    # To measure other prefetch depths than the default (CONCURRENCY).
+    "PREFETCH": int(os.environ["PGQUEUE_BENCH_PREFETCH"])
+    if os.environ.get("PGQUEUE_BENCH_PREFETCH")
+    else None,
 }
 
 LOGGING = {

@@ -168,7 +168,9 @@ SETTINGS: tuple[Setting, ...] = (
     Setting(
         "PREFETCH", None, int,
         "Claimed tasks a worker process holds ready beyond its busy slots (their leases "
-        "renewed, their timeouts counted from their start); None means CONCURRENCY. "
+        "renewed, their timeouts counted from their start). None (the default) adapts: "
+        "up to 3 x CONCURRENCY while that is at most about 0.1 s of work at the "
+        "handlers' recent pace, none for tasks that take 0.1 s per slot or longer. "
         "Bigger claims mean fewer durable commits per task; 0 for long tasks spread over "
         "many workers.",
         flag="--prefetch", help="claimed tasks held ready beyond the busy slots",

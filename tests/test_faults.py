@@ -208,10 +208,10 @@ def test_outcomes_are_written_while_a_hung_handler_locks_its_own_row(
 
 
 CONCURRENCY = 4
-# A worker holds at most its slots and its prefetch (CONCURRENCY by default) plus
-# max(slots, 100) claims unsettled (running, waiting for a slot, or run and waiting for
-# the database): a bound that does not grow with the backlog.
-HELD_LIMIT = 2 * CONCURRENCY + max(CONCURRENCY, 100)
+# A worker holds at most its slots and its largest prefetch (3 x CONCURRENCY by default,
+# see slots.py) plus max(slots, 100) claims unsettled (running, waiting for a slot, or
+# run and waiting for the database): a bound that does not grow with the backlog.
+HELD_LIMIT = 4 * CONCURRENCY + max(CONCURRENCY, 100)
 
 
 def test_a_worker_whose_outcomes_cannot_be_written_stops_claiming(start_worker, tmp_path, pg):

@@ -48,3 +48,14 @@ def test_a_prefetched_task_timeout_counts_from_its_start_not_its_claim(start_wor
         timeout=20,
     )
     assert Task.objects.get(pk=second).result > 0.8  # about -0.5 if counted from the claim
+
+
+def test_by_default_a_worker_stops_prefetching_once_its_tasks_prove_long(start_worker):
+    # Tasks of 1 s on 2 slots: once one has run, holding more would make them wait for
+    # this worker's slots while another worker might be idle (the adaptive default).
+    ids = tasks.sleep_and_record.enqueue_many([(1.0,)] * 12)
+    start_worker("--concurrency", "2")
+
+    wait_until(lambda: Task.objects.filter(pk__in=ids, state="succeeded").count() >= 3)
+    time.sleep(0.2)
+    assert Task.objects.filter(pk__in=ids, state="running").count() == 2

@@ -52,6 +52,9 @@ class AsyncSlots:
         self._free_changed = changed
         self._running: dict[ClaimedTask, asyncio.Task] = {}
 
+    def _available(self) -> int:
+        return self._free
+
     def free(self) -> int:
         with self._free_changed:
             return self._free

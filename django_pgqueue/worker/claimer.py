@@ -243,16 +243,19 @@ class Claimer:
         with changed:
             while not self._stop.is_set():
                 now = time.monotonic()
-                waits = [lane.recheck_in(now) for lane in self._lanes if lane.pool._free > 0]
+                waits = [
+                    lane.recheck_in(now) for lane in self._lanes if lane.pool._available() > 0
+                ]
                 if waits and min(waits) <= 0:
                     break
                 changed.wait(min([*waits, 0.1]))
-            free = sum(lane.pool._free for lane in self._lanes)
-            if free < minimum and linger > 0:
-                changed.wait_for(
-                    lambda: sum(lane.pool._free for lane in self._lanes) >= minimum, linger
-                )
-            return sum(lane.pool._free for lane in self._lanes)
+
+            def available() -> int:
+                return sum(max(0, lane.pool._available()) for lane in self._lanes)
+
+            if available() < minimum and linger > 0:
+                changed.wait_for(lambda: available() >= minimum, linger)
+            return available()
 
     def _ask_every_lane(self) -> None:
         for lane in self._lanes:

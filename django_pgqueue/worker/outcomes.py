@@ -73,6 +73,7 @@ class Outcome:
     checkpoint: Any = None
     save_checkpoint: bool = False
     runtime: float | None = None
+    encoded: str | None = None  # as_row() as JSON, once the settler has encoded it
 
     def as_row(self) -> dict[str, Any]:
         t = self.task

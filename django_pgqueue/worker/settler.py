@@ -298,7 +298,11 @@ class Settler:
 
 
 def _row_json(outcome: Outcome) -> str:
-    return json.dumps(outcome.as_row(), separators=(",", ":"))
+    """The outcome's row for the settle statement, encoded once (``_storable`` encodes
+    it first; a deferred outcome is written again with the same text)."""
+    if outcome.encoded is None:
+        outcome.encoded = json.dumps(outcome.as_row(), separators=(",", ":"))
+    return outcome.encoded
 
 
 def _storable(outcome: Outcome) -> Outcome:

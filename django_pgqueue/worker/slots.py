@@ -23,6 +23,11 @@ logger = logging.getLogger("django_pgqueue.worker")
 
 _STOP = object()
 
+# PREFETCH None (the default): claimed tasks may wait for a slot up to this many times
+# the slots, as long as the queue they form is about PREFETCH_WAIT seconds of work.
+ADAPTIVE_PREFETCH = 3
+PREFETCH_WAIT = 0.1
+
 
 class _Slot:
     def __init__(self, number: int) -> None:
@@ -39,7 +44,7 @@ class SlotPool:
         size: int,
         execute: Callable[[ClaimedTask], Outcome],
         *,
-        prefetch: int = 0,
+        prefetch: int | None = 0,
         on_outcome: Callable[[Outcome], None],
         stats: WorkerStats,
         timeout_grace: float,
@@ -48,9 +53,13 @@ class SlotPool:
         changed: threading.Condition | None = None,
     ) -> None:
         self.size = size
-        # Claimed tasks may wait for a slot: ``capacity`` is what the claimer may hold
-        # before any slot frees up (bigger claims, fewer commits per task).
-        self.capacity = size + prefetch
+        # Claimed tasks may wait for a slot (prefetch): bigger claims, fewer commits per
+        # task. ``capacity`` is the most the claimer may hold before a slot frees up.
+        # prefetch None: adaptive, up to ADAPTIVE_PREFETCH x size (see prefetch_now).
+        self.adaptive = prefetch is None
+        self.max_prefetch = ADAPTIVE_PREFETCH * size if prefetch is None else prefetch
+        self.capacity = size + self.max_prefetch
+        self._runtime: float | None = None  # moving average of a handler's seconds
         self._execute = execute
         self._on_outcome = on_outcome
         self._stats = stats
@@ -69,9 +78,25 @@ class SlotPool:
         self.written_off = 0
 
     # -- capacity ---------------------------------------------------------------------
+    def prefetch_now(self) -> int:
+        """How many claimed tasks may wait for a slot now. Fixed when PREFETCH is set;
+        adaptive by default: as many as the slots get through in PREFETCH_WAIT seconds
+        at the handlers' recent pace (all ADAPTIVE_PREFETCH x size for short tasks,
+        none for tasks of PREFETCH_WAIT or longer), CONCURRENCY until a task has run."""
+        if not self.adaptive:
+            return self.max_prefetch
+        if self._runtime is None:
+            return min(self.size, self.max_prefetch)
+        depth = int(self.size * PREFETCH_WAIT / max(self._runtime, 1e-6))
+        return max(0, min(self.max_prefetch, depth))
+
+    def _available(self) -> int:
+        """Free places to claim into (the caller holds ``_free_changed``)."""
+        return self._free - (self.max_prefetch - self.prefetch_now())
+
     def free(self) -> int:
         with self._free_changed:
-            return self._free
+            return self._available()
 
     def wait_for_free(self, minimum: int, linger: float, stop: threading.Event) -> int:
         """Block until a slot is free; then linger up to ``linger`` s for ``minimum`` free.
@@ -80,11 +105,11 @@ class SlotPool:
         slot; an idle worker never lingers (its slots are all free).
         """
         with self._free_changed:
-            while self._free <= 0 and not stop.is_set():
+            while self._available() <= 0 and not stop.is_set():
                 self._free_changed.wait(0.1)
-            if self._free < minimum and linger > 0:
-                self._free_changed.wait_for(lambda: self._free >= minimum, linger)
-            return self._free
+            if self._available() < minimum and linger > 0:
+                self._free_changed.wait_for(lambda: self._available() >= minimum, linger)
+            return max(0, self._available())
 
     def submit(self, tasks: list[ClaimedTask], overflow: bool = False) -> None:
         """Queue claimed tasks for the slots. ``overflow``: tasks recovered from a claim
@@ -133,6 +158,7 @@ class SlotPool:
             with slot.lock:
                 slot.task = task
             outcome = self._execute(task)
+            self._observe(time.monotonic() - task.started_monotonic)
             with slot.lock:
                 slot.task = None
                 if slot.written_off:
@@ -147,6 +173,11 @@ class SlotPool:
                     return
             self._on_outcome(outcome)
             self._freed()
+
+    def _observe(self, seconds: float) -> None:
+        """Feed the adaptive prefetch: a moving average over about the last 20 tasks."""
+        previous = self._runtime
+        self._runtime = seconds if previous is None else previous + (seconds - previous) / 20
 
     def _freed(self) -> None:
         with self._free_changed:

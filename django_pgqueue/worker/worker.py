@@ -105,7 +105,7 @@ class Worker:
         self.settler = Settler(self.alias, self.inflight, self.stats, self.worker_id)
         self.slots = SlotPool(
             options.concurrency,
-            prefetch=options.concurrency if options.prefetch is None else options.prefetch,
+            prefetch=options.prefetch,  # None: adaptive (slots.py)
             execute=self._execute,
             on_outcome=self.settler.put,
             stats=self.stats,
