@@ -223,3 +223,20 @@ def test_a_task_committed_after_the_worker_parked_without_a_notification_runs_pr
 def listen_only(conn, queues: list[str]) -> None:
     for channel, _number in conn.execute(QUERIES["listen_channels"], {"queues": queues}):
         conn.execute(f'LISTEN "{channel}"')
+
+
+def test_a_woken_worker_with_nothing_scheduled_claims_without_staging_first(start_worker):
+    # Each wake-up comes more than the stager's interval (0.25 s) after the last one: a
+    # worker that knows nothing is scheduled claims at once, without a stage statement.
+    worker = start_worker(*SLOW_POLL)
+    time.sleep(0.5)
+    ids = []
+    for n in range(6):
+        ids.append(tasks.noop.enqueue(n))
+        time.sleep(0.3)
+    wait_until(lambda: Task.objects.filter(pk__in=ids, state="succeeded").count() == 6)
+
+    worker.stop()
+    stats = dict(item.split("=") for item in worker.log().rsplit("stopped: ", 1)[1].split())
+    assert int(stats["claimed"]) == 6, stats
+    assert int(stats.get("stage_statements", 0)) <= 1, stats  # the first claim's only

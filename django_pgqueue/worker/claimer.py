@@ -100,6 +100,10 @@ class Claimer:
             self._lanes = [lane for lane in [*self._lanes, lane] if lane.routes]
         self._lane_of = {route: lane for lane in self._lanes for route in lane.routes}
         self._stage_at = 0.0  # monotonic: stage before the next claim once past it
+        # The last next-due lookup found no scheduled task of our queues, and the claimer
+        # has been parked since: a claim after a wake-up need not stage first (a task
+        # scheduled since then is found by the next lookup, before the claimer parks).
+        self._nothing_scheduled = False
         self._next_starvation_check = 0.0  # monotonic
         self.slots = slots
         self.inflight = inflight
@@ -223,6 +227,7 @@ class Claimer:
     def _busy(self) -> None:
         """Claims come back full: drop the parked mark once that has lasted a while."""
         now = time.monotonic()
+        self._nothing_scheduled = False  # busy: stage every STAGE_INTERVAL again
         if self._busy_since is None:
             self._busy_since = now
         elif self.listener.parked_mark and now - self._busy_since >= UNPARK_AFTER:
@@ -266,7 +271,7 @@ class Claimer:
         lane. True when the claimer should claim again rather than park: a claim came
         back full, or (with two lanes) one lane's slots are all busy."""
         claimed = self._adopt_unconfirmed() if self._unconfirmed else 0
-        if time.monotonic() >= self._stage_at:
+        if time.monotonic() >= self._stage_at and not self._nothing_scheduled:
             self._stage()
         # Looking for a starving task costs two index probes per route: once per
         # escape window is enough, since only one escape per window is taken anyway.
@@ -379,6 +384,7 @@ class Claimer:
             lambda conn: conn.execute(QUERIES["next_due"], {"queues": self.queues}).fetchone(),
             retry=False,
         )
+        self._nothing_scheduled = seconds is None
         if seconds is not None:
             seconds = max(0.0, seconds)
             self._stage_at = min(self._stage_at, time.monotonic() + seconds)
