@@ -143,7 +143,7 @@ class Claimer:
     def _run(self) -> None:
         linger_for = max(1, sum(lane.pool.capacity for lane in self._lanes) // 2)
         while not self._stop.is_set():
-            free = self._wait_for_free(linger_for, 0.001)
+            self._wait_for_free(linger_for, 0.001)
             if self._stop.is_set():
                 break
             if len(self.inflight) >= self.max_held:
@@ -155,7 +155,7 @@ class Claimer:
             self.listener.clear()
             settled_before = not self.inflight
             try:
-                claimed, saturated = self._claim_round(free)
+                claimed, saturated = self._claim_round()
                 self._backoff.reset()
             except CONNECTION_ERRORS:
                 # Logged by the session; never replayed blindly (see the module doc).
@@ -170,7 +170,7 @@ class Claimer:
                 logger.exception("claimer: claim failed")
                 self._stop.wait(1.0)
                 continue
-            if saturated or claimed == free:
+            if saturated:
                 self.idle.clear()
                 self._busy()
                 continue
@@ -187,6 +187,7 @@ class Claimer:
                 timeout = self._park_timeout()
             except CONNECTION_ERRORS:
                 self.session.close()
+                self._ask_every_lane()
                 continue
             except Exception:
                 if self._stop.is_set():
@@ -198,6 +199,7 @@ class Claimer:
                 timeout = min(timeout, retry_in)
             if timeout <= 0:  # a scheduled task is due: stage it and claim again
                 self.idle.clear()
+                self._ask_every_lane()
                 continue
             # Idle means: a claim that started after every outcome was written (so it
             # saw every task those outcomes made due again) found nothing.
@@ -238,12 +240,13 @@ class Claimer:
 
     def _wait_for_free(self, minimum: int, linger: float) -> int:
         """Block until a slot is free to claim into; then linger up to ``linger`` s for
-        ``minimum`` free (see SlotPool.wait_for_free). Returns the free slots in all.
+        ``minimum`` free, so that a saturated worker claims in batches instead of one
+        row per freed slot (an idle worker never lingers: its slots are all free).
+        Returns the free slots in all.
 
-        With two lanes, a lane whose last claim came back short is claimed into again
-        only LANE_RECHECK after it: until then its free slots do not end the wait."""
-        if len(self._lanes) == 1:
-            return self._lanes[0].pool.wait_for_free(minimum, linger, self._stop)
+        A lane whose last claim came back short is claimed into again only after a
+        wake-up, or LANE_RECHECK after that claim: until then its free slots do not end
+        the wait (with two lanes, the other lane's may)."""
         changed = self.slots._free_changed  # shared by the lanes' pools
         with changed:
             while not self._stop.is_set():
@@ -266,10 +269,12 @@ class Claimer:
         for lane in self._lanes:
             lane.short_at = None
 
-    def _claim_round(self, free: int) -> tuple[int, bool]:
+    def _claim_round(self) -> tuple[int, bool]:
         """Stage what is due (when it is time), then one claim across all queues per
         lane. True when the claimer should claim again rather than park: a claim came
-        back full, or (with two lanes) one lane's slots are all busy."""
+        back full, or a lane's slots are all busy (with two lanes, the claimer then
+        waits for them, see _wait_for_free, and asks the other lane, whose last claim
+        came back short, again every LANE_RECHECK: at most that late for its work)."""
         claimed = self._adopt_unconfirmed() if self._unconfirmed else 0
         if time.monotonic() >= self._stage_at and not self._nothing_scheduled:
             self._stage()
@@ -279,17 +284,10 @@ class Claimer:
         look = now >= self._next_starvation_check
         if look:
             self._next_starvation_check = now + self._route_params["escape_window_seconds"]
-        if len(self._lanes) == 1:
-            want = free - claimed
-            if want <= 0:
-                return claimed, True
-            got = self._claim(self._lanes[0], want, look)
-            return claimed + got, got == want
-        # Two lanes: while one lane's slots are all busy, the claimer does not park (it
-        # waits for them, see _wait_for_free) and asks the other lane, whose last claim
-        # came back short, again every LANE_RECHECK: at most that late for its work.
+        # Each lane bounds what it holds unsettled, as max_held does for the process
+        # (_run checks that first: with one lane, the two bounds are the same).
+        held = self._held_by_lane() if len(self._lanes) > 1 else None
         busy = False
-        held = Counter(self._lane_of.get(task.route) for task in self.inflight.snapshot())
         for lane in self._lanes:
             want = lane.pool.free()
             if want <= 0:
@@ -297,11 +295,11 @@ class Claimer:
                 continue
             if lane.recheck_in(now) > 0:
                 continue
-            # Each lane bounds what it holds unsettled, as max_held does for one lane.
-            want = min(want, lane.max_held - held[lane])
-            if want <= 0:
-                busy, lane.short_at = True, now  # settlement is behind: look again soon
-                continue
+            if held is not None:
+                want = min(want, lane.max_held - held[lane])
+                if want <= 0:
+                    busy, lane.short_at = True, now  # settlement is behind: look again soon
+                    continue
             got = self._claim(lane, want, look)
             claimed += got
             if got == want:
@@ -310,6 +308,9 @@ class Claimer:
             else:
                 lane.short_at = now
         return claimed, busy
+
+    def _held_by_lane(self) -> Counter:
+        return Counter(self._lane_of.get(task.route) for task in self.inflight.snapshot())
 
     def _claim(self, lane: _Lane, want: int, look_for_starving: bool) -> int:
         token = str(uuid.uuid4())

@@ -61,14 +61,24 @@ def execute(task: ClaimedTask, database: str, async_runner: AsyncRunner | None) 
 
     While it runs, log records name this execution (``logging.ExecutionFilter``).
     """
+    if async_runner is not None and _is_async(task):
+        # On the runner's loop, as an async slot runs it (in process mode's children).
+        return async_runner.result(execute_async(task, database))
     marker = current_lease.set(task.lease)
     try:
-        return _execute(task, database, async_runner)
+        return _execute(task, database)
     finally:
         current_lease.reset(marker)
 
 
-def _execute(task: ClaimedTask, database: str, async_runner: AsyncRunner | None) -> Outcome:
+def _is_async(task: ClaimedTask) -> bool:
+    try:
+        return registry.get(task.task_name, task.handler_version).is_async
+    except TaskNotRegistered:
+        return False  # _execute reports it
+
+
+def _execute(task: ClaimedTask, database: str) -> Outcome:
     prepared = _prepare(task, database)
     if isinstance(prepared, Outcome):
         return prepared
@@ -76,7 +86,7 @@ def _execute(task: ClaimedTask, database: str, async_runner: AsyncRunner | None)
     close_old_connections()
     started = time.monotonic()
     try:
-        result = _invoke(definition, task, call_args, async_runner)
+        result = _invoke(definition, task, call_args)
         return _succeeded(task, result, time.monotonic() - started)
     except BaseException as exc:  # SystemExit from a handler must not kill its slot
         return _raised(task, definition, call_args, exc)
@@ -187,19 +197,9 @@ def _raised(
     return outcomes.failed(task, outcomes.error_entry(task, exc))
 
 
-def _invoke(
-    definition: TaskDefinition,
-    task: ClaimedTask,
-    call_args: list[Any],
-    async_runner: AsyncRunner | None,
-) -> Any:
-    if definition.is_async:
-        if async_runner is None:
-            raise RuntimeError("async task without an event loop")
-        remaining = None
-        if task.deadline_monotonic is not None:
-            remaining = max(0.0, task.deadline_monotonic - time.monotonic())
-        return async_runner.run(definition.func(*call_args, **task.kwargs), remaining)
+def _invoke(definition: TaskDefinition, task: ClaimedTask, call_args: list[Any]) -> Any:
+    if definition.is_async:  # async slots (or the child's loop) run these
+        raise RuntimeError("async task without an event loop")
     result = definition.func(*call_args, **task.kwargs)
     if inspect.isawaitable(result):  # a sync wrapper around a coroutine function
         raise InvalidTaskError(f"task {definition.name!r} returned an awaitable; use async def")

@@ -98,19 +98,6 @@ class SlotPool:
         with self._free_changed:
             return self._available()
 
-    def wait_for_free(self, minimum: int, linger: float, stop: threading.Event) -> int:
-        """Block until a slot is free; then linger up to ``linger`` s for ``minimum`` free.
-
-        Lingering lets a saturated worker claim in batches instead of one row per freed
-        slot; an idle worker never lingers (its slots are all free).
-        """
-        with self._free_changed:
-            while self._available() <= 0 and not stop.is_set():
-                self._free_changed.wait(0.1)
-            if self._available() < minimum and linger > 0:
-                self._free_changed.wait_for(lambda: self._available() >= minimum, linger)
-            return max(0, self._available())
-
     def submit(self, tasks: list[ClaimedTask], overflow: bool = False) -> None:
         """Queue claimed tasks for the slots. ``overflow``: tasks recovered from a claim
         whose reply was lost may exceed the free slots; they wait for one."""
