@@ -374,10 +374,9 @@ def get_setting(name: str) -> Any:
     """One effective setting, without building them all: for hot paths (enqueue reads
     DATABASE on every call). Like ``get_settings``, it reads ``settings.PGQUEUE`` each
     time, so ``override_settings`` works."""
-    value = configured().get(name, DEFAULTS[name])
     if name in _MUTABLE_DEFAULTS:
         return getattr(get_settings(), name)
-    return value
+    return configured().get(name, DEFAULTS[name])
 
 
 def get_settings() -> PgQueueSettings:

@@ -20,7 +20,6 @@ thread per process (asgiref's), so ORM-heavy handlers belong in thread slots.
 from __future__ import annotations
 
 import asyncio
-import logging
 import threading
 from collections.abc import Callable
 
@@ -28,8 +27,6 @@ from django_pgqueue.worker.asyncio_runner import AsyncRunner
 from django_pgqueue.worker.claimed import ClaimedTask
 from django_pgqueue.worker.execution import execute_async
 from django_pgqueue.worker.outcomes import Outcome
-
-logger = logging.getLogger("django_pgqueue.worker")
 
 
 class AsyncSlots:
