@@ -68,6 +68,9 @@ class Task(models.Model):
     # end and outcome; appended by the settlement, the lease sweep and late outcomes.
     executions = models.JSONField(db_default=models.Value([], models.JSONField()))
     metadata = models.JSONField(db_default=models.Value({}, models.JSONField()))
+    # Fleet-wide per-key concurrency (docs/limits.md): at most the task's key_concurrency
+    # rows of one (queue, concurrency_key) run at once. NULL: not limited by key.
+    concurrency_key = models.CharField(max_length=255, null=True, blank=True)
 
     class Meta:
         db_table = "pgqueue_task"
@@ -173,6 +176,14 @@ class Queue(models.Model):
     name = models.CharField(max_length=100, primary_key=True)
     # When a claim last let a starving task jump the priority order (one per window).
     last_escape_at = models.DateTimeField(db_default=models.Value("-infinity"))
+    # Paused: no worker claims from the queue (running tasks finish). paused_tasks:
+    # task names paused within the queue (a JSON list). Read by every claim.
+    paused = models.BooleanField(db_default=False)
+    paused_tasks = models.JSONField(db_default=models.Value([], models.JSONField()))
+    paused_at = models.DateTimeField(null=True, blank=True)
+    # The rate limit's state (GCRA, docs/limits.md): the theoretical arrival time of the
+    # next start; a claim may start k tasks while rate_tat - burst <= now().
+    rate_tat = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         db_table = "pgqueue_queue"
