@@ -26,7 +26,7 @@ from django_pgqueue.exceptions import (
     TaskDoesNotExist,
     TaskNotRegistered,
 )
-from django_pgqueue.operations import cancel, get_task, queue_overview
+from django_pgqueue.operations import cancel, get_task, pause, queue_overview, resume
 from django_pgqueue.registry import TaskDefinition, call, task
 from django_pgqueue.retry import RetryPolicy
 
@@ -45,6 +45,8 @@ __all__ = [
     "call",
     "cancel",
     "get_task",
+    "pause",
     "queue_overview",
+    "resume",
     "task",
 ]

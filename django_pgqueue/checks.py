@@ -11,6 +11,7 @@ from django.core.checks import Error, Tags, Warning, register
 from django.db import connections
 
 from django_pgqueue.conf import SETTINGS, configured, get_settings, unknown_keys
+from django_pgqueue.limits import parse_limits
 
 # The id of each kind of problem found from the table.
 PROBLEM_IDS = {
@@ -49,6 +50,11 @@ def check_settings(app_configs, **kwargs):
                 id=KEPT_IDS.get((setting.name, problem.kind), PROBLEM_IDS[problem.kind]),
             )
         )
+    if "QUEUE_LIMITS" in project and "QUEUE_LIMITS" not in invalid:
+        try:
+            parse_limits(project["QUEUE_LIMITS"])
+        except ValueError as exc:
+            messages.append(Error(str(exc), hint="See docs/limits.md.", id="django_pgqueue.E020"))
     conf = get_settings()
     if "DATABASE" not in invalid:
         messages.extend(_check_database(conf.DATABASE))

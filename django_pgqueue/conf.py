@@ -160,6 +160,11 @@ SETTINGS: tuple[Setting, ...] = (
         flag="--queues", help="comma-separated queue names", option="queues",
     ),
     Setting(
+        "QUEUE_LIMITS", {}, dict,
+        "Fleet-wide limits per queue, enforced by the claim: {queue: {'concurrency': N, "
+        "'rate': 'N/period'}} (docs/limits.md). Every worker must have the same.",
+    ),
+    Setting(
         "CONCURRENCY", 10, int,
         "Handler slots per worker process.",
         flag="--concurrency", help="handler slots per process", option="concurrency",

@@ -45,8 +45,11 @@ def _interval(seconds: float | None) -> timedelta | None:
     return None if seconds is None else timedelta(seconds=seconds)
 
 
-def build_row(definition: TaskDefinition, args: Any, kwargs: Any) -> dict[str, Any]:
-    """The INSERT parameters for one call, or InvalidTaskError."""
+def build_row(
+    definition: TaskDefinition, args: Any, kwargs: Any, *, key_per_call: bool = True
+) -> dict[str, Any]:
+    """The INSERT parameters for one call, or InvalidTaskError. ``key_per_call=False``
+    leaves the task's concurrency_key function out (enqueue_many applies it per call)."""
     opts = definition.options
     if not isinstance(kwargs, dict):
         raise InvalidTaskError(f"kwargs must be a dict, not {type(kwargs).__name__}")
@@ -56,6 +59,9 @@ def build_row(definition: TaskDefinition, args: Any, kwargs: Any) -> dict[str, A
     unique_key = _check_unique_key(opts.unique_key)
     metadata = check_json({**_trace_context(), **opts.metadata}, "metadata")
     backoff = opts.backoff or definition.backoff
+    concurrency_key = opts.concurrency_key
+    if concurrency_key is None and definition.concurrency_key is not None and key_per_call:
+        concurrency_key = _key_of(definition, args, kwargs)
     return {
         "id": None,
         "queue": opts.queue or definition.queue,
@@ -75,7 +81,19 @@ def build_row(definition: TaskDefinition, args: Any, kwargs: Any) -> dict[str, A
         "timeout": _interval(definition.call_timeout),
         "unique_key": unique_key,
         "metadata": dumps(metadata),
+        "concurrency_key": _check_key(concurrency_key, "concurrency_key"),
     }
+
+
+def _key_of(definition: TaskDefinition, args: Any, kwargs: dict[str, Any]) -> Any:
+    """The task's concurrency_key function applied to this call's arguments."""
+    try:
+        return definition.concurrency_key(*args, **kwargs)
+    except Exception as exc:
+        raise InvalidTaskError(
+            f"the concurrency_key function of task {definition.name!r} raised "
+            f"{type(exc).__name__}: {exc}"
+        ) from exc
 
 
 _propagate: Any = None
@@ -113,18 +131,21 @@ def _check_run_at(run_at: Any) -> datetime | None:
 
 
 def _check_unique_key(unique_key: Any) -> str | None:
-    if unique_key is None:
+    return _check_key(unique_key, "unique_key")
+
+
+def _check_key(key: Any, what: str) -> str | None:
+    """A unique_key or concurrency_key: None, or a string that fits its column."""
+    if key is None:
         return None
-    if not isinstance(unique_key, str):
+    if not isinstance(key, str):
+        raise InvalidTaskError(f"{what} must be a non-empty string, not a {type(key).__name__}")
+    if not 1 <= len(key) <= UNIQUE_KEY_MAX_LENGTH:
         raise InvalidTaskError(
-            f"unique_key must be a non-empty string, not a {type(unique_key).__name__}"
+            f"{what} must be a non-empty string of at most {UNIQUE_KEY_MAX_LENGTH} "
+            f"characters, not one of {len(key)}"
         )
-    if not 1 <= len(unique_key) <= UNIQUE_KEY_MAX_LENGTH:
-        raise InvalidTaskError(
-            f"unique_key must be a non-empty string of at most {UNIQUE_KEY_MAX_LENGTH} "
-            f"characters, not one of {len(unique_key)}"
-        )
-    return check_text(unique_key, "unique_key")
+    return check_text(key, what)
 
 
 def _insert(alias: str, row: dict[str, Any]) -> tuple[int, datetime]:
@@ -189,14 +210,19 @@ def enqueue_many(definition: TaskDefinition, calls: Iterable[Any]) -> list[int]:
     whole batch shares it: the first call is enqueued (unless a live task holds the key)
     and every position returns that task's id.
     """
-    shared = build_row(definition, (), {})
+    shared = build_row(definition, (), {}, key_per_call=False)
+    keyed = shared["concurrency_key"] is None and definition.concurrency_key is not None
     args_list: list[Any] = []
     kwargs_list: list[Any] = []
+    keys_list: list[str | None] = []
     for index, item in enumerate(calls):
         args, kwargs = _split_call(item)
         try:
             args_list.append(check_json(args, "args"))
             kwargs_list.append(check_json(kwargs, "kwargs") if kwargs else _EMPTY)
+            if keyed:
+                key = _check_key(_key_of(definition, args, kwargs), "concurrency_key")
+                keys_list.append(key)
         except InvalidTaskError as exc:
             raise InvalidTaskError(f"item {index}: {exc}") from exc
     if not args_list:
@@ -204,8 +230,15 @@ def enqueue_many(definition: TaskDefinition, calls: Iterable[Any]) -> list[int]:
     alias = database_alias()
     if shared["unique_key"] is not None:
         first = {**shared, "args": dumps(args_list[0]), "kwargs": dumps(kwargs_list[0])}
+        if keyed:
+            first["concurrency_key"] = keys_list[0]
         return [_insert(alias, first)[0]] * len(args_list)
-    params = {**shared, "args_list": dumps(args_list), "kwargs_list": dumps(kwargs_list)}
+    params = {
+        **shared,
+        "args_list": dumps(args_list),
+        "kwargs_list": dumps(kwargs_list),
+        "keys_list": dumps(keys_list) if keyed else None,
+    }
     with connections[alias].cursor() as cursor:
         cursor.execute(QUERIES["enqueue_many"], params)
         return [row[0] for row in cursor.fetchall()]

@@ -107,6 +107,13 @@ class Task(models.Model):
                 name="pgqueue_task_lease",
                 condition=Q(state="running"),
             ),
+            # Limits count running rows per queue and per (queue, concurrency key): the
+            # limited claim and its throttle check (docs/limits.md). Only running rows.
+            models.Index(
+                fields=["queue", "concurrency_key"],
+                name="pgqueue_task_running",
+                condition=Q(state="running"),
+            ),
             # Retention prunes terminal rows oldest-first.
             models.Index(
                 fields=["state", "finished_at"],
@@ -212,3 +219,4 @@ class Worker(models.Model):
 
     def __str__(self) -> str:
         return f"{self.hostname}:{self.pid}"
+

@@ -3,6 +3,7 @@ retention on demand, and the queue overview."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
@@ -11,6 +12,7 @@ from django.db import connections
 
 from django_pgqueue.conf import get_settings
 from django_pgqueue.exceptions import TaskDoesNotExist
+from django_pgqueue.registry import validate_queue, validate_task_name
 from django_pgqueue.sql import QUERIES
 
 if TYPE_CHECKING:
@@ -43,6 +45,40 @@ def cancel(task_id: int, hard: bool = False) -> str | None:
     if row is None:
         return None
     return "cancel_requested" if row[1] == "running" else "cancelled"
+
+
+def pause(queue: str, task_name: str | None = None) -> None:
+    """Pause a queue, or one task name within it: no worker claims from it (running
+    tasks finish) until ``resume``. Persisted in the database, honoured by the next
+    claim of every worker. Pausing a queue nobody serves yet is allowed."""
+    validate_queue(queue)
+    if task_name is not None:
+        validate_task_name(task_name)
+    with connections[get_settings().DATABASE].cursor() as cursor:
+        cursor.execute(QUERIES["pause_queue"], {"queue": queue, "task_name": task_name})
+
+
+def resume(queue: str, task_name: str | None = None) -> bool:
+    """Resume a paused queue (its own pause: task names paused in it stay paused), or
+    one task name. Wakes the queue's idle workers. False if the queue has no row
+    (it was never paused nor served)."""
+    validate_queue(queue)
+    if task_name is not None:
+        validate_task_name(task_name)
+    with connections[get_settings().DATABASE].cursor() as cursor:
+        cursor.execute(QUERIES["resume_queue"], {"queue": queue, "task_name": task_name})
+        return cursor.fetchone() is not None
+
+
+def pauses() -> dict[str, dict[str, Any]]:
+    """Per queue with a row: ``{"paused": bool, "paused_tasks": [names], "paused_at":
+    datetime | None}``."""
+    with connections[get_settings().DATABASE].cursor() as cursor:
+        cursor.execute(QUERIES["queue_pauses"])
+        return {
+            queue: {"paused": paused, "paused_tasks": json.loads(tasks), "paused_at": at}
+            for queue, paused, tasks, at in cursor.fetchall()
+        }
 
 
 def queue_overview() -> list[dict[str, Any]]:

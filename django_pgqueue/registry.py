@@ -51,6 +51,7 @@ OPTION_NAMES = (
     "backoff",
     "metadata",
     "commit_alias",
+    "concurrency_key",
 )
 
 
@@ -143,6 +144,7 @@ class EnqueueOptions:
     backoff: RetryPolicy | None = None
     metadata: dict[str, Any] = field(default_factory=dict)
     commit_alias: str | None = None
+    concurrency_key: str | None = None
 
 
 @dataclass(frozen=True, eq=False)
@@ -159,6 +161,11 @@ class TaskDefinition:
     version: int
     takes_context: bool
     options: EnqueueOptions = field(default_factory=EnqueueOptions)
+    # Per-key concurrency (docs/limits.md): at most key_concurrency running rows per
+    # (queue, key), fleet-wide; the key comes from using(concurrency_key=...) or from
+    # concurrency_key(*args, **kwargs). None: the task is not limited by key.
+    concurrency_key: Callable[..., str | None] | None = None
+    key_concurrency: int | None = None
 
     @property
     def is_async(self) -> bool:
@@ -201,6 +208,12 @@ class TaskDefinition:
             options["delay"] = validate_delay(options["delay"])
         if "metadata" in options and not isinstance(options["metadata"], dict):
             raise InvalidTaskError("metadata must be a dict of JSON values")
+        if options.get("concurrency_key") is not None and self.key_concurrency is None:
+            raise InvalidTaskError(
+                f"task {self.name!r} declares no per-key limit, so a concurrency_key would "
+                "limit nothing: declare it with @task(key_concurrency=N) or "
+                "@task(concurrency_key=...)"
+            )
         merged = replace(self.options, **options)
         if merged.run_at is not None and merged.delay is not None:
             raise InvalidTaskError("pass either run_at or delay, not both")
@@ -332,6 +345,8 @@ def task(
     timeout: float | None = _TASK_DEFAULT,
     version: int = 1,
     takes_context: bool = False,
+    concurrency_key: Callable[..., str | None] | None = None,
+    key_concurrency: int | None = None,
 ) -> Callable[[Callable[..., Any]], TaskDefinition]: ...
 
 
@@ -347,6 +362,8 @@ def task(
     timeout: float | None = _TASK_DEFAULT,
     version: int = 1,
     takes_context: bool = False,
+    concurrency_key: Callable[..., str | None] | None = None,
+    key_concurrency: int | None = None,
 ) -> Any:
     """Register a function as a task: ``@task`` or ``@task(queue="emails", ...)``.
 
@@ -354,6 +371,9 @@ def task(
     PGQUEUE["DEFAULT_TIMEOUT"]; ``timeout=None`` means no ceiling. ``version`` is the
     handler version: a worker only claims the (name, version) pairs it has registered.
     With ``takes_context=True`` the function receives a TaskContext as its first argument.
+    ``concurrency_key`` (a function of the task's arguments returning a string or None)
+    and ``key_concurrency`` (default 1) limit how many tasks of one key run at once
+    across the fleet (docs/limits.md).
     """
 
     def decorate(fn: Callable[..., Any]) -> TaskDefinition:
@@ -363,6 +383,22 @@ def task(
         if not 0 <= version <= VERSION_MAX:
             raise ImproperlyConfigured(
                 f"task version {short_repr(version)} is out of range: use 0..{VERSION_MAX}"
+            )
+        if concurrency_key is not None and not callable(concurrency_key):
+            raise ImproperlyConfigured(
+                f"@task on {_origin(fn)}: concurrency_key must be a function of the task's "
+                f"arguments returning a string, not {short_repr(concurrency_key)}; pass a "
+                "fixed key per call with .using(concurrency_key=...)"
+            )
+        limit = key_concurrency
+        if limit is None and concurrency_key is not None:
+            limit = 1
+        if limit is not None and (
+            isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= 32767
+        ):
+            raise ImproperlyConfigured(
+                f"@task on {_origin(fn)}: key_concurrency must be an int from 1 to 32767, "
+                f"not {short_repr(limit)}"
             )
         try:
             definition = TaskDefinition(
@@ -379,6 +415,8 @@ def task(
                 ),
                 version=version,
                 takes_context=takes_context,
+                concurrency_key=concurrency_key,
+                key_concurrency=limit,
             )
         except InvalidTaskError as exc:
             raise InvalidTaskError(f"@task on {_origin(fn)}: {exc}") from exc

@@ -44,7 +44,8 @@ def claim(
 
 
 def settle(conn: psycopg.Connection, outcomes: list[dict[str, Any]]) -> dict[int, str]:
-    rows = conn.execute(QUERIES["settle"], {"outcomes": json.dumps(outcomes)}).fetchall()
+    params = {"outcomes": json.dumps(outcomes), "wake_queues": []}
+    rows = conn.execute(QUERIES["settle"], params).fetchall()
     return {r[0]: r[3] for r in rows}
 
 

@@ -5,12 +5,17 @@
 * ``pgqueue_task.concurrency_key``: rows of one (queue, key) are limited to the task's
   ``key_concurrency`` running at once. A nullable column without a default: adding it
   rewrites nothing.
+* ``pgqueue_task_running``: the running rows per (queue, concurrency_key), which limited
+  claims count; built CONCURRENTLY (this migration cannot run in a transaction).
 """
 
+from django.contrib.postgres.operations import AddIndexConcurrently
 from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
+    atomic = False
+
     dependencies = [
         ("django_pgqueue", "0004_scheduled_state_route_claim"),
     ]
@@ -40,5 +45,13 @@ class Migration(migrations.Migration):
             model_name="task",
             name="concurrency_key",
             field=models.CharField(blank=True, max_length=255, null=True),
+        ),
+        AddIndexConcurrently(
+            model_name="task",
+            index=models.Index(
+                condition=models.Q(("state", "running")),
+                fields=["queue", "concurrency_key"],
+                name="pgqueue_task_running",
+            ),
         ),
     ]

@@ -12,6 +12,7 @@
 --                                                               WHERE state = 'pending'
 --   pgqueue_task_scheduled  (queue, run_at, id)                WHERE state = 'scheduled'
 --   pgqueue_task_lease      (lease_expires_at)                 WHERE state = 'running'
+--   pgqueue_task_running    (queue, concurrency_key)           WHERE state = 'running'
 --   pgqueue_task_retention  (state, finished_at)               WHERE state is terminal
 --   pgqueue_task_waiting    (queue, task_name)                 WHERE state = 'waiting'
 --   pgqueue_task_unique_live UNIQUE (unique_key) WHERE unique_key IS NOT NULL AND live
@@ -53,14 +54,14 @@
 -- Django sends it as text and the server plans it every time.
 INSERT INTO pgqueue_task (
     id, queue, task_name, handler_version, priority, args, kwargs, run_at, state,
-    max_attempts, retry_policy, timeout, unique_key, metadata
+    max_attempts, retry_policy, timeout, unique_key, metadata, concurrency_key
 )
     VALUES (
         COALESCE(%(id)s, nextval('pgqueue_task_id_seq')),
         %(queue)s, %(task_name)s, %(handler_version)s, %(priority)s, %(args)s, %(kwargs)s,
         COALESCE(%(run_at)s, statement_timestamp() + %(delay)s),
         %(state)s, %(max_attempts)s, %(retry_policy)s, %(timeout)s, %(unique_key)s,
-        %(metadata)s
+        %(metadata)s, %(concurrency_key)s
     )
     RETURNING id, enqueued_at,
         CASE -- the wake-up (see the header): notify only when a worker may be parked
@@ -81,14 +82,14 @@ INSERT INTO pgqueue_task (
 -- caller then reads the existing id with find_live_unique.
 INSERT INTO pgqueue_task (
     id, queue, task_name, handler_version, priority, args, kwargs, run_at, state,
-    max_attempts, retry_policy, timeout, unique_key, metadata
+    max_attempts, retry_policy, timeout, unique_key, metadata, concurrency_key
 )
     VALUES (
         COALESCE(%(id)s, nextval('pgqueue_task_id_seq')),
         %(queue)s, %(task_name)s, %(handler_version)s, %(priority)s, %(args)s, %(kwargs)s,
         COALESCE(%(run_at)s, statement_timestamp() + %(delay)s),
         %(state)s, %(max_attempts)s, %(retry_policy)s, %(timeout)s, %(unique_key)s,
-        %(metadata)s
+        %(metadata)s, %(concurrency_key)s
     )
     ON CONFLICT (unique_key) WHERE unique_key IS NOT NULL
                                 AND state IN ('scheduled', 'pending', 'running', 'waiting')
@@ -119,20 +120,22 @@ SELECT id, enqueued_at
 -- scalars. ORDER BY ordinality makes ids follow the input order. No ON CONFLICT: a
 -- batch with a unique_key is a single enqueue_unique (the batch shares the key), and
 -- without one, speculative insertion would only slow every row down. One notification
--- per batch (it has one queue).
+-- per batch (it has one queue). keys_list: each call's concurrency_key, when the task
+-- computes one per call (NULL otherwise: ROWS FROM pads the missing column with NULLs).
 WITH inserted AS (
     INSERT INTO pgqueue_task (
         queue, task_name, handler_version, priority, args, kwargs, run_at, state,
-        max_attempts, retry_policy, timeout, unique_key, metadata
+        max_attempts, retry_policy, timeout, unique_key, metadata, concurrency_key
     )
     SELECT %(queue)s, %(task_name)s, %(handler_version)s, %(priority)s,
            c.args, c.kwargs,
            COALESCE(%(run_at)s, statement_timestamp() + %(delay)s),
            %(state)s, %(max_attempts)s, %(retry_policy)s::jsonb, %(timeout)s::interval,
-           NULL, %(metadata)s::jsonb
+           NULL, %(metadata)s::jsonb, COALESCE(c.key, %(concurrency_key)s::text)
       FROM ROWS FROM (jsonb_array_elements(%(args_list)s::jsonb),
-                      jsonb_array_elements(%(kwargs_list)s::jsonb))
-           WITH ORDINALITY AS c(args, kwargs, n)
+                      jsonb_array_elements(%(kwargs_list)s::jsonb),
+                      jsonb_array_elements_text(COALESCE(%(keys_list)s::jsonb, '[]')))
+           WITH ORDINALITY AS c(args, kwargs, key, n)
      ORDER BY c.n
     RETURNING id
 )
@@ -188,15 +191,67 @@ SELECT nextval('pgqueue_task_id_seq');
 --   crash would put the row back to pending while its handler runs); it returns the
 --   database's now() so the handler's deadline is derived from the database's clock.
 -- * Columns are returned by name: the worker reads them into ClaimedTask by name.
+-- * Paused queues and paused task names (pgqueue_queue, by primary key) drop out of
+--   routes: a pause is honoured by the next claim of every worker.
+-- * Limits (docs/limits.md), for the queues in %(limit_queues)s (QUEUE_LIMITS) and the
+--   routes with a key_limit (per-key concurrency). The claimer runs such a claim in a
+--   transaction after lock_limited_queues, so that this statement's snapshot, taken
+--   after the lock was granted, sees every claim of those queues committed before it:
+--   counts of running rows cannot race. room is what each limited queue may still
+--   start: its concurrency limit less its running rows (pgqueue_task_running), and
+--   what its rate budget allows now (GCRA, limits.py: one start costs rate_interval
+--   seconds of pgqueue_queue.rate_tat, at most rate_burst at once); rated spends it.
+--   busy_keys counts running rows per (queue, concurrency_key); the walk skips rows of
+--   a key at its limit (so they never block the rows behind them), and allowed keeps
+--   at most what each key and each queue may start of what the walk found. A limited
+--   queue takes no starvation escape (its limits already decide who starts). All of
+--   it is empty for a worker without limits: four empty arrays.
 WITH routes AS (
-    SELECT *
+    SELECT r.*
       FROM unnest(%(route_queues)s::text[], %(route_names)s::text[],
-                  %(route_versions)s::int[]) AS r(queue, task_name, version)
+                  %(route_versions)s::int[], %(route_key_limits)s::int[])
+           AS r(queue, task_name, version, key_limit)
+     WHERE NOT EXISTS (
+               SELECT 1
+                 FROM pgqueue_queue AS p
+                WHERE p.name = r.queue
+                  AND (p.paused OR p.paused_tasks ? r.task_name))
+),
+limits AS MATERIALIZED (
+    SELECT l.queue, l.concurrency, l.rate_interval, l.rate_burst,
+           (SELECT count(*)
+              FROM pgqueue_task AS t
+             WHERE t.state = 'running' AND t.queue = l.queue) AS running,
+           GREATEST(q.rate_tat, now()) AS tat
+      FROM unnest(%(limit_queues)s::text[], %(limit_concurrency)s::int[],
+                  %(limit_rate_intervals)s::float8[], %(limit_rate_bursts)s::int[])
+           AS l(queue, concurrency, rate_interval, rate_burst)
+      LEFT JOIN pgqueue_queue AS q ON q.name = l.queue
+),
+room AS MATERIALIZED (
+    SELECT queue, rate_interval, tat,
+           LEAST(CASE WHEN concurrency IS NOT NULL
+                      THEN GREATEST(0, concurrency - running) END,
+                 CASE WHEN rate_interval IS NOT NULL
+                      THEN GREATEST(0, floor(((rate_burst - 1) * rate_interval
+                                              - EXTRACT(EPOCH FROM tat - now()))
+                                             / rate_interval)::int + 1) END
+           ) AS room
+      FROM limits
+),
+busy_keys AS MATERIALIZED (
+    SELECT t.queue, t.concurrency_key AS key, count(*) AS running
+      FROM pgqueue_task AS t
+     WHERE t.state = 'running'
+       AND t.queue = ANY (%(keyed_queues)s::text[])
+       AND t.concurrency_key IS NOT NULL
+     GROUP BY 1, 2
 ),
 window_open AS MATERIALIZED (
     SELECT q.queue
       FROM unnest(%(queues)s::text[]) AS q(queue)
      WHERE %(look_for_starving)s::bool
+       AND q.queue <> ALL (%(limit_queues)s::text[])
        AND NOT EXISTS (
                SELECT 1
                  FROM pgqueue_queue AS w
@@ -219,7 +274,7 @@ starving AS MATERIALIZED (
                            ORDER BY t.run_at, t.id
                            LIMIT 1
                       ) AS o
-                WHERE r.queue = q.queue
+                WHERE r.queue = q.queue AND r.key_limit IS NULL
                 ORDER BY o.run_at, o.id
                 LIMIT 1
            ) AS s
@@ -242,25 +297,59 @@ escaped AS MATERIALIZED (
        FOR NO KEY UPDATE OF t SKIP LOCKED
 ),
 candidates AS MATERIALIZED (
-    SELECT c.id, c.priority, c.run_at
-      FROM routes AS r,
-           LATERAL (
-               SELECT t.id, t.priority, t.run_at
+    SELECT c.id, c.priority, c.run_at, r.queue, c.concurrency_key, r.key_limit
+      FROM routes AS r
+      LEFT JOIN room AS rm ON rm.queue = r.queue
+     CROSS JOIN LATERAL (
+               SELECT t.id, t.priority, t.run_at, t.concurrency_key
                  FROM pgqueue_task AS t
                 WHERE t.state = 'pending'
                   AND t.queue = r.queue AND t.task_name = r.task_name
                   AND t.handler_version = r.version
                   AND t.id NOT IN (SELECT id FROM escaped)
+                  AND (r.key_limit IS NULL OR t.concurrency_key IS NULL OR NOT EXISTS (
+                          SELECT 1
+                            FROM busy_keys AS b
+                           WHERE b.queue = t.queue AND b.key = t.concurrency_key
+                             AND b.running >= r.key_limit))
                 ORDER BY t.priority DESC, t.run_at, t.id
-                LIMIT %(limit)s - (SELECT count(*) FROM escaped)
+                LIMIT LEAST(%(limit)s - (SELECT count(*) FROM escaped), rm.room)
                   FOR NO KEY UPDATE OF t SKIP LOCKED
            ) AS c
 ),
+keyed AS MATERIALIZED (
+    SELECT c.*,
+           row_number() OVER (PARTITION BY c.queue, c.concurrency_key
+                              ORDER BY c.priority DESC, c.run_at, c.id) AS nth_of_key
+      FROM candidates AS c
+),
+allowed AS MATERIALIZED (
+    SELECT k.id, k.priority, k.run_at, k.queue,
+           row_number() OVER (PARTITION BY k.queue
+                              ORDER BY k.priority DESC, k.run_at, k.id) AS nth_of_queue
+      FROM keyed AS k
+     WHERE k.key_limit IS NULL OR k.concurrency_key IS NULL
+        OR k.nth_of_key <= k.key_limit - COALESCE((
+               SELECT b.running
+                 FROM busy_keys AS b
+                WHERE b.queue = k.queue AND b.key = k.concurrency_key), 0)
+),
 picked AS MATERIALIZED (
-    SELECT id
-      FROM candidates
-     ORDER BY priority DESC, run_at, id
+    SELECT a.id, a.queue
+      FROM allowed AS a
+      LEFT JOIN room AS rm ON rm.queue = a.queue
+     WHERE rm.room IS NULL OR a.nth_of_queue <= rm.room
+     ORDER BY a.priority DESC, a.run_at, a.id
      LIMIT %(limit)s - (SELECT count(*) FROM escaped)
+),
+rated AS (
+    INSERT INTO pgqueue_queue AS q (name, rate_tat)
+    SELECT rm.queue, rm.tat + make_interval(secs => rm.rate_interval * p.n)
+      FROM room AS rm
+      JOIN (SELECT queue, count(*) AS n FROM picked GROUP BY queue) AS p ON p.queue = rm.queue
+     WHERE rm.rate_interval IS NOT NULL
+        ON CONFLICT (name) DO UPDATE
+       SET rate_tat = EXCLUDED.rate_tat
 )
 UPDATE pgqueue_task AS t
    SET state = 'running',
@@ -291,6 +380,95 @@ SELECT t.id, t.task_name, t.handler_version, t.queue, t.priority, t.args, t.kwar
   FROM pgqueue_task AS t
  WHERE t.state = 'running'
    AND t.lease_token = ANY (%(tokens)s::uuid[]);
+
+
+-- name: lock_limited_queues
+-- Before a limited claim, in its transaction: one advisory transaction lock per limited
+-- queue (class 1885827330, object hashtext(queue)), taken in one order (by the lock's
+-- object) so two claimers never deadlock. Claims of one limited queue take turns for
+-- the length of one claim; claims of other queues never wait. It is a statement of its
+-- own because READ COMMITTED takes a statement's snapshot when it starts: the claim
+-- that follows sees everything the previous holder committed.
+SELECT count(pg_advisory_xact_lock(1885827330, h))
+  FROM (SELECT DISTINCT hashtext(q) AS h
+          FROM unnest(%(queues)s::text[]) AS q
+         ORDER BY 1
+        OFFSET 0) AS s;
+
+
+-- name: limit_state
+-- After a limited claim came back short, in its transaction: why. Per limited queue,
+-- whether it still has pending rows of the worker's routes (one probe of
+-- pgqueue_task_claim per route), its running rows (pgqueue_task_running), and when its
+-- rate budget allows the next start (seconds from now; <= 0: now). The claimer parks
+-- until then, or until a settlement in the queue notifies that a running task ended.
+SELECT l.queue,
+       EXISTS (SELECT 1
+                 FROM unnest(%(route_queues)s::text[], %(route_names)s::text[],
+                             %(route_versions)s::int[]) AS r(queue, task_name, version)
+                WHERE r.queue = l.queue
+                  AND EXISTS (SELECT 1
+                                FROM pgqueue_task AS t
+                               WHERE t.state = 'pending' AND t.queue = r.queue
+                                 AND t.task_name = r.task_name
+                                 AND t.handler_version = r.version)) AS backlog,
+       (SELECT count(*)
+          FROM pgqueue_task AS t
+         WHERE t.state = 'running' AND t.queue = l.queue) AS running,
+       EXTRACT(EPOCH FROM q.rate_tat - now())::float8 AS rate_tat_in
+  FROM unnest(%(queues)s::text[]) AS l(queue)
+  LEFT JOIN pgqueue_queue AS q ON q.name = l.queue;
+
+
+-- name: ensure_queues
+-- A worker's queues each get their pgqueue_queue row at registration, so that pause,
+-- the rate budget and the starvation window have a row to read and lock.
+INSERT INTO pgqueue_queue (name)
+SELECT unnest(%(queues)s::text[])
+    ON CONFLICT (name) DO NOTHING;
+
+
+-- name: pause_queue
+-- Pause a queue (task_name NULL) or one task name within it. Upserts the queue's row,
+-- so a queue no worker serves yet can be paused before its first worker starts. The
+-- next claim of every worker honours it (claim reads it); running tasks finish.
+INSERT INTO pgqueue_queue AS q (name, paused, paused_tasks, paused_at)
+VALUES (%(queue)s, %(task_name)s::text IS NULL,
+        CASE WHEN %(task_name)s::text IS NULL THEN '[]'::jsonb
+             ELSE jsonb_build_array(%(task_name)s::text) END,
+        now())
+    ON CONFLICT (name) DO UPDATE
+   SET paused = q.paused OR %(task_name)s::text IS NULL,
+       paused_tasks = CASE WHEN %(task_name)s::text IS NULL
+                             OR q.paused_tasks ? %(task_name)s::text
+                           THEN q.paused_tasks
+                           ELSE q.paused_tasks || jsonb_build_array(%(task_name)s::text) END,
+       paused_at = now()
+RETURNING q.paused, q.paused_tasks::text AS paused_tasks;
+
+
+-- name: resume_queue
+-- Resume a queue (task_name NULL: the queue's own pause; paused task names stay paused)
+-- or one task name. Wakes the queue's parked workers (a NOTIFY on its channel).
+UPDATE pgqueue_queue AS q
+   SET paused = CASE WHEN %(task_name)s::text IS NULL THEN false ELSE q.paused END,
+       paused_tasks = CASE WHEN %(task_name)s::text IS NULL THEN q.paused_tasks
+                           ELSE q.paused_tasks - %(task_name)s::text END,
+       paused_at = CASE WHEN (%(task_name)s::text IS NOT NULL AND q.paused)
+                          OR (CASE WHEN %(task_name)s::text IS NULL THEN q.paused_tasks
+                                   ELSE q.paused_tasks - %(task_name)s::text END) <> '[]'
+                        THEN q.paused_at END
+ WHERE q.name = %(queue)s
+RETURNING q.paused, q.paused_tasks::text AS paused_tasks,
+          pg_notify('pgqueue_' || (hashtext(q.name) & 63), q.name)::text AS notified;
+
+
+-- name: queue_pauses
+-- Every queue's pause state (the overview, metrics, pgqueue_status). pgqueue_queue has
+-- one row per queue: no index needed.
+SELECT name AS queue, paused, paused_tasks::text AS paused_tasks, paused_at
+  FROM pgqueue_queue
+ ORDER BY name;
 
 
 -- name: stage
@@ -388,7 +566,9 @@ SELECT pg_advisory_unlock_shared(1885827329, c) FROM unnest(%(channels)s::int[])
 -- * Each settlement appends an executions entry with the lease token (source
 --   'settle'): a settle replayed after its reply was lost recognises its own earlier
 --   write by it (settle_check). The history keeps the last 100 executions.
--- * Rows made due again send a wake-up.
+-- * Rows made due again send a wake-up, and so does every settlement in a queue of
+--   %(wake_queues)s (concurrency-limited, or with per-key limits): a running task that
+--   ended frees room that workers parked at the limit are waiting for.
 WITH v AS (
     SELECT *
       FROM jsonb_to_recordset(%(outcomes)s::jsonb) AS v(
@@ -439,7 +619,7 @@ settled AS (
     RETURNING t.id, m.held_attempt, m.held_token, t.queue, t.state
 )
 SELECT id, held_attempt AS attempt, held_token::text AS token, state,
-       CASE WHEN state IN ('pending', 'scheduled')
+       CASE WHEN state IN ('pending', 'scheduled') OR queue = ANY (%(wake_queues)s::text[])
             THEN pg_notify('pgqueue_' || (hashtext(queue) & 63), queue)::text END AS notified
   FROM settled;
 
@@ -1144,3 +1324,81 @@ SELECT 'failed', count(*)
  WHERE state = 'failed'
    AND finished_at < now() - make_interval(secs => %(dead_ttl)s)
    AND lease_token IS NULL;
+
+
+-- Periodic schedules (docs/periodic.md). Schedules are declared in code; each has a
+-- row in pgqueue_schedule, by name (its primary key), created the first time a worker
+-- serving its queue sees it. The row holds the last tick enqueued: the database, not a
+-- leader, decides that each tick is enqueued once across the fleet (enqueue_tick).
+
+-- name: schedule_state
+-- The scheduler's wake-up without a due tick (at most every few seconds): the
+-- database's clock, and the row of each of its schedules (NULLs: not seen yet). By
+-- primary key.
+SELECT n.name, s.last_tick, s.created_at, now() AS now
+  FROM unnest(%(names)s::text[]) AS n(name)
+  LEFT JOIN pgqueue_schedule AS s ON s.name = n.name;
+
+
+-- name: schedule_seen
+-- First sight of schedules: their rows, created_at = now(). ON CONFLICT DO NOTHING:
+-- workers seeing a new schedule at once create one row, the first to commit; the
+-- others keep it. A schedule's first tick is its first at or after created_at
+-- (enqueue_tick refuses earlier ones): a new schedule does not run for the ticks
+-- before it existed.
+INSERT INTO pgqueue_schedule (name, task_name, spec, timezone, created_at)
+SELECT n.name, n.task_name, n.spec, n.timezone, now()
+  FROM unnest(%(names)s::text[], %(task_names)s::text[], %(specs)s::text[],
+              %(timezones)s::text[]) AS n(name, task_name, spec, timezone)
+    ON CONFLICT (name) DO NOTHING;
+
+
+-- name: enqueue_tick
+-- One tick of one schedule, exactly once across the fleet: the row advances to the
+-- tick only if its last tick is older, and the task is inserted only by the statement
+-- that advanced it, in the same statement (one transaction). Workers racing for one
+-- tick queue on the row's lock (the primary key); under READ COMMITTED the later ones
+-- re-check the WHERE on the row as committed by the first (EvalPlanQual), find
+-- last_tick = tick, update nothing and insert nothing. The row never moves back, so a
+-- worker late for a tick, or with another version of the schedule, cannot enqueue a
+-- tick older than the last one. Also refused: a tick before the row existed (a new
+-- schedule does not run for the past), and a tick after the database's now() (a tick
+-- is due by the database's clock, never a worker's).
+-- The task's columns and parameters are those of enqueue (build_row: validated the
+-- same way); it is pending, due now, with the schedule and tick in its metadata.
+-- Wakes the queue's workers (as enqueue_many: no parked-claimer check, ticks are rare)
+-- only when a task was inserted. Returns the database's now() either way: the
+-- scheduler's clock.
+WITH advanced AS (
+    UPDATE pgqueue_schedule AS s
+       SET last_tick = %(tick)s::timestamptz,
+           last_enqueued_at = now(),
+           last_task_id = nextval('pgqueue_task_id_seq'),
+           last_worker_id = %(worker_id)s::text,
+           task_name = %(task_name)s::text,
+           spec = %(spec)s::text,
+           timezone = %(timezone)s::text
+     WHERE s.name = %(name)s::text
+       AND (s.last_tick IS NULL OR s.last_tick < %(tick)s::timestamptz)
+       AND s.created_at <= %(tick)s::timestamptz
+       AND %(tick)s::timestamptz <= now()
+    RETURNING s.last_task_id
+),
+inserted AS (
+    INSERT INTO pgqueue_task (
+        id, queue, task_name, handler_version, priority, args, kwargs, run_at, state,
+        max_attempts, retry_policy, timeout, unique_key, metadata, concurrency_key
+    )
+    SELECT a.last_task_id, %(queue)s::text, %(task_name)s::text, %(handler_version)s::int,
+           %(priority)s::int, %(args)s::jsonb, %(kwargs)s::jsonb, now(), 'pending',
+           %(max_attempts)s::int, %(retry_policy)s::jsonb, %(timeout)s::interval,
+           %(unique_key)s::text, %(metadata)s::jsonb, %(concurrency_key)s::text
+      FROM advanced AS a
+    RETURNING id, queue
+)
+SELECT (SELECT id FROM inserted) AS task_id,
+       (SELECT EXISTS (SELECT 1 FROM pgqueue_schedule WHERE name = %(name)s::text))
+           AS row_exists,
+       now() AS now,
+       (SELECT pg_notify('pgqueue_' || (hashtext(queue) & 63), queue)::text FROM inserted)
+           AS notified;

@@ -21,6 +21,13 @@ have lapsed. Rows it took are run, not orphaned until the sweep burns their atte
 The claimer also bounds what this process holds: it stops claiming while the claims in
 flight (running, or run and waiting to be settled) reach ``max_held``, so a settlement
 that cannot proceed never lets claimed-but-unrecorded work pile up.
+
+Limits (docs/limits.md): a lane whose routes include a limited queue (QUEUE_LIMITS) or
+a task with a per-key limit claims in a transaction: ``lock_limited_queues``, the claim,
+and, when the claim came back short, ``limit_state``, sent together in one pipeline (one
+round trip). A queue at its concurrency limit wakes the claimer again through the
+notification its settlements send; a queue out of rate budget, when its next start is
+due (``limit_state`` says when).
 """
 
 from __future__ import annotations
@@ -31,12 +38,13 @@ import threading
 import time
 import uuid
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import psycopg
 from psycopg.rows import class_row
 
+from django_pgqueue.limits import QueueLimit
 from django_pgqueue.sql import QUERIES
 from django_pgqueue.worker.claimed import ClaimedTask
 from django_pgqueue.worker.connection import CONNECTION_ERRORS, Backoff, Session
@@ -86,17 +94,25 @@ class Claimer:
         durable: bool = True,
         max_held: int | None = None,
         async_lane: tuple[AsyncSlots, list[tuple[str, int]]] | None = None,
+        limits: dict[str, QueueLimit] | None = None,
+        key_limits: dict[tuple[str, int], int] | None = None,
     ) -> None:
         self.worker_id = worker_id
         self.queues = queues
         self.routes = routes
-        self._route_params = route_params(queues, routes, starvation_timeout)
+        limits = {q: limit for q, limit in (limits or {}).items() if q in queues}
+        key_limits = key_limits or {}
+
+        def params(lane_routes: list[tuple[str, int]]) -> dict[str, object]:
+            return route_params(queues, lane_routes, starvation_timeout, limits, key_limits)
+
+        self._route_params = params(routes)
         # What to claim into: the thread slots (routes: the sync tasks, or all of them),
         # and the async slots for the async tasks when the worker has both kinds.
-        self._lanes = [_Lane(slots, routes, self._route_params)]
+        self._lanes = [_Lane(slots, routes, self._route_params, limits=limits)]
         if async_lane is not None:
             pool, async_routes = async_lane
-            lane = _Lane(pool, async_routes, route_params(queues, async_routes, starvation_timeout))
+            lane = _Lane(pool, async_routes, params(async_routes), limits=limits)
             self._lanes = [lane for lane in [*self._lanes, lane] if lane.routes]
         self._lane_of = {route: lane for lane in self._lanes for route in lane.routes}
         self._stage_at = 0.0  # monotonic: stage before the next claim once past it
@@ -203,7 +219,8 @@ class Claimer:
                 continue
             # Idle means: a claim that started after every outcome was written (so it
             # saw every task those outcomes made due again) found nothing.
-            if not claimed and settled_before and not self.inflight:
+            throttled = any(lane.throttled_until > time.monotonic() for lane in self._lanes)
+            if not claimed and settled_before and not self.inflight and not throttled:
                 self.idle.set()
             else:
                 self.idle.clear()
@@ -293,7 +310,7 @@ class Claimer:
             if want <= 0:
                 busy = True
                 continue
-            if lane.recheck_in(now) > 0:
+            if lane.recheck_in(now) > 0 or lane.throttled_until > now:
                 continue
             if held is not None:
                 want = min(want, lane.max_held - held[lane])
@@ -324,13 +341,57 @@ class Claimer:
         }
         self.stats.incr("claim_statements")
         try:
-            tasks = self.session.call(lambda conn: _fetch(conn, "claim", params), retry=False)
+            if lane.lock_queues:
+                tasks = self.session.call(
+                    lambda conn: self._claim_limited(conn, lane, params, want), retry=False
+                )
+            else:
+                tasks = self.session.call(lambda conn: _fetch(conn, "claim", params), retry=False)
         except CONNECTION_ERRORS:
             # The server may have committed the claim before the connection broke.
             self._unconfirmed[token] = time.monotonic() + self.lease_seconds
             raise
         self._hand_over(tasks, lane)
         return len(tasks)
+
+    def _claim_limited(
+        self, conn: psycopg.Connection, lane: _Lane, params: dict, want: int
+    ) -> list[ClaimedTask]:
+        """The claim of a lane with limited queues: lock them, claim, and if the claim
+        came back short ask why, in one transaction sent as one pipeline."""
+        lane.throttled_until = 0.0
+        with conn.pipeline(), conn.transaction():
+            conn.execute(QUERIES["lock_limited_queues"], {"queues": lane.lock_queues})
+            claim = conn.cursor(row_factory=class_row(ClaimedTask))
+            claim.execute(QUERIES["claim"], params)
+            state = conn.execute(QUERIES["limit_state"], lane.state_params)
+            tasks = claim.fetchall()
+            rows = state.fetchall()
+        if len(tasks) < want:
+            lane.throttled_until = self._throttle_until(lane, rows)
+        return tasks
+
+    def _throttle_until(self, lane: _Lane, rows: list[tuple]) -> float:
+        """When a lane whose claim came back short should claim again (monotonic; 0:
+        as usual): at the next start a rate budget allows, for a queue with backlog
+        held back by its rate limit. A queue held back by its concurrency limit or a
+        busy key is woken by the notification of the settlement that frees room."""
+        now = time.monotonic()
+        soonest = None
+        for queue, backlog, running, rate_tat_in in rows:
+            limit = lane.limits.get(queue)
+            if not backlog or limit is None or limit.rate is None or rate_tat_in is None:
+                continue
+            if limit.concurrency is not None and running >= limit.concurrency:
+                continue
+            # The next start is allowed once rate_tat - burst tolerance has passed.
+            next_in = rate_tat_in - (limit.rate.burst - 1) * limit.rate.interval
+            if next_in > 0:
+                soonest = next_in if soonest is None else min(soonest, next_in)
+        if soonest is None:
+            return 0.0
+        self.stats.incr("rate_throttled")
+        return now + soonest
 
     def _stage(self) -> None:
         """Make the due scheduled rows of this worker's queues pending."""
@@ -378,8 +439,13 @@ class Claimer:
         self.stats.incr("claimed", len(tasks))
 
     def _park_timeout(self) -> float:
-        """Seconds to park: until the next scheduled task of our queues, or a poll."""
+        """Seconds to park: until the next scheduled task of our queues, the next start
+        a rate limit allows, or a poll."""
         timeout = self.poll_interval * random.uniform(0.9, 1.1)
+        now = time.monotonic()
+        for lane in self._lanes:
+            if lane.throttled_until > now:
+                timeout = min(timeout, lane.throttled_until - now)
         self.stats.incr("next_due_statements")
         (seconds,) = self.session.call(
             lambda conn: conn.execute(QUERIES["next_due"], {"queues": self.queues}).fetchone(),
@@ -400,13 +466,32 @@ class _Lane:
     pool: SlotPool | AsyncSlots
     routes: list[tuple[str, int]]
     params: dict[str, object]
+    # The limits of this lane's queues (QUEUE_LIMITS).
+    limits: dict[str, QueueLimit] = field(default_factory=dict)
+    short_at: float | None = None  # monotonic: its last claim came back short
+    # monotonic: a rate limit allows this lane's next start then (0: not throttled)
+    throttled_until: float = 0.0
+
+    @property
+    def lock_queues(self) -> list[str]:
+        """The queues a claim of this lane locks first: limited, or with keyed routes."""
+        return sorted({*self.params["limit_queues"], *self.params["keyed_queues"]})
+
+    @property
+    def state_params(self) -> dict[str, object]:
+        """limit_state's parameters: this lane's limited queues and routes."""
+        return {
+            "queues": self.lock_queues,
+            "route_queues": self.params["route_queues"],
+            "route_names": self.params["route_names"],
+            "route_versions": self.params["route_versions"],
+        }
 
     @property
     def max_held(self) -> int:
         """Claims of this lane in flight (running, waiting for a slot, or waiting to be
         settled) past which it claims no more: see Claimer.max_held."""
         return self.pool.capacity + max(self.pool.size, 100)
-    short_at: float | None = None  # monotonic: its last claim came back short
 
     def recheck_in(self, now: float) -> float:
         """Seconds until this lane may be claimed into again (<= 0: now)."""
@@ -416,20 +501,36 @@ class _Lane:
 
 
 def route_params(
-    queues: list[str], routes: list[tuple[str, int]], starvation_timeout: float
+    queues: list[str],
+    routes: list[tuple[str, int]],
+    starvation_timeout: float,
+    limits: dict[str, QueueLimit] | None = None,
+    key_limits: dict[tuple[str, int], int] | None = None,
 ) -> dict[str, object]:
     """The claim's parameters that name what a worker can take: every (queue, task
-    name, version) it can run, and its starvation escape (one starving task per queue
-    may jump the priority order per tenth of the starvation timeout)."""
+    name, version) it can run, with its per-key limit; its starvation escape (one
+    starving task per queue may jump the priority order per tenth of the starvation
+    timeout); and the limits of its queues (``limits``: QUEUE_LIMITS)."""
+    limits = {q: limit for q, limit in (limits or {}).items() if q in queues}
+    key_limits = key_limits or {}
     triples = [(queue, name, version) for queue in queues for name, version in routes]
+    limited = sorted(limits)
+    keyed = sorted({queue for queue, name, version in triples if (name, version) in key_limits})
+    rates = [limits[q].rate for q in limited]
     return {
         "queues": list(queues),
         "route_queues": [t[0] for t in triples],
         "route_names": [t[1] for t in triples],
         "route_versions": [t[2] for t in triples],
+        "route_key_limits": [key_limits.get((t[1], t[2])) for t in triples],
         "starvation_seconds": starvation_timeout,
         "escape_window_seconds": starvation_timeout / 10,
         "look_for_starving": True,
+        "limit_queues": limited,
+        "limit_concurrency": [limits[q].concurrency for q in limited],
+        "limit_rate_intervals": [r.interval if r else None for r in rates],
+        "limit_rate_bursts": [r.burst if r else None for r in rates],
+        "keyed_queues": keyed,
     }
 
 

@@ -54,9 +54,16 @@ class Settler:
     name = "settler"
 
     def __init__(
-        self, alias: str, inflight: InFlight, stats: WorkerStats, worker_id: str = ""
+        self,
+        alias: str,
+        inflight: InFlight,
+        stats: WorkerStats,
+        worker_id: str = "",
+        wake_queues: list[str] | None = None,
     ) -> None:
         self._inflight = inflight
+        # Queues whose every settlement notifies (limited: an ended task frees room).
+        self._wake_queues = sorted(wake_queues or [])
         self._stats = stats
         self._worker_id = worker_id
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
@@ -158,7 +165,9 @@ class Settler:
     def _settle(self, batch: list[Outcome]) -> dict[Lease, str]:
         payload = "[" + ",".join(_row_json(o) for o in batch) + "]"
         rows = self.session.call(
-            lambda conn: conn.execute(QUERIES["settle"], {"outcomes": payload}).fetchall()
+            lambda conn: conn.execute(
+                QUERIES["settle"], {"outcomes": payload, "wake_queues": self._wake_queues}
+            ).fetchall()
         )
         return {Lease(r[0], r[1], r[2]): r[3] for r in rows}
 

@@ -17,6 +17,7 @@ from dataclasses import field, make_dataclass, replace
 from functools import partial
 
 from django_pgqueue.conf import SETTINGS, get_settings
+from django_pgqueue.limits import queue_limits
 from django_pgqueue.registry import registry
 from django_pgqueue.sql import QUERIES
 from django_pgqueue.worker.async_slots import AsyncSlots
@@ -102,7 +103,19 @@ class Worker:
         self.supervised = supervised
         self.exit_code = 0
 
-        self.settler = Settler(self.alias, self.inflight, self.stats, self.worker_id)
+        # Fleet-wide limits (docs/limits.md): of this worker's queues, and per key.
+        self.limits = {q: lim for q, lim in queue_limits().items() if q in options.queues}
+        key_limits = {(d.name, d.version): d.key_concurrency for d in definitions
+                      if d.key_concurrency is not None}  # fmt: skip
+        # Where a settlement frees room another worker may be parked for.
+        wake_queues = [
+            q
+            for q in options.queues
+            if key_limits or (q in self.limits and self.limits[q].concurrency is not None)
+        ]
+        self.settler = Settler(
+            self.alias, self.inflight, self.stats, self.worker_id, wake_queues=wake_queues
+        )
         self.slots = SlotPool(
             options.concurrency,
             prefetch=options.prefetch,  # None: adaptive (slots.py)
@@ -142,6 +155,8 @@ class Worker:
             starvation_timeout=options.starvation_timeout,
             durable=not conf.ASYNC_CLAIMS,
             async_lane=async_lane,
+            limits=self.limits,
+            key_limits=key_limits,
         )
         self.heartbeat = Heartbeat(
             self.alias,
@@ -380,7 +395,13 @@ class Worker:
             "routes": json.dumps([[d.name, d.version] for d in registry.all()]),
             "concurrency": self.options.concurrency,
         }
-        self._registry_session.call(lambda conn: conn.execute(QUERIES["register_worker"], params))
+        queues = {"queues": self.options.queues}
+
+        def register(conn) -> None:
+            conn.execute(QUERIES["register_worker"], params)
+            conn.execute(QUERIES["ensure_queues"], queues)
+
+        self._registry_session.call(register)
 
     def _unregister(self) -> None:
         # The registry connection sat idle for the worker's whole life: after an outage

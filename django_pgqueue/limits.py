@@ -1,0 +1,115 @@
+"""Fleet-wide limits: what ``PGQUEUE["QUEUE_LIMITS"]`` says, parsed once.
+
+::
+
+    PGQUEUE = {"QUEUE_LIMITS": {"emails": {"concurrency": 3, "rate": "100/m"}}}
+
+* ``concurrency``: at most N tasks of the queue running at once, across every worker.
+* ``rate``: at most N starts per period (``"100/m"``, ``"10/s"``, ``"5/30s"``, ``"1000/h"``),
+  across every worker, spread over the period rather than burst at its boundary.
+
+Per-key concurrency is declared on the task (``@task(concurrency_key=...)``); see
+registry.py. The claim enforces all of them (sql: claim, docs/limits.md).
+
+The rate limit is a generic cell rate algorithm (GCRA) kept in ``pgqueue_queue.rate_tat``:
+one start costs ``interval`` seconds of the queue's budget, and at most ``burst`` starts
+may be taken at once after an idle spell. The interval is chosen so that no window of
+one period ever holds more than N starts: with burst b, a sustained backlog gets
+``N - b + 1`` starts per period, evenly spaced, and b at once after a pause.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from django_pgqueue.payload import short_repr
+from django_pgqueue.registry import validate_queue
+
+_RATE = re.compile(r"\s*(\d+)\s*/\s*(\d*(?:\.\d+)?)\s*(s|sec|second|m|min|minute|h|hour|d|day)\s*")
+_UNIT_SECONDS = {"s": 1, "sec": 1, "second": 1, "m": 60, "min": 60, "minute": 60,
+                 "h": 3600, "hour": 3600, "d": 86400, "day": 86400}  # fmt: skip
+# The burst is this fraction of N (at least 1): enough for a busy worker's claims to
+# take several starts each, small enough to keep starts spread over the period.
+BURST_FRACTION = 0.05
+
+
+@dataclass(frozen=True)
+class Rate:
+    """N starts per ``seconds``."""
+
+    count: int
+    seconds: float
+
+    @property
+    def burst(self) -> int:
+        return max(1, int(self.count * BURST_FRACTION))
+
+    @property
+    def interval(self) -> float:
+        """Seconds of budget one start costs (see the module doc)."""
+        return self.seconds / (self.count - self.burst + 1)
+
+    def __str__(self) -> str:
+        return f"{self.count}/{self.seconds:g}s"
+
+
+@dataclass(frozen=True)
+class QueueLimit:
+    queue: str
+    concurrency: int | None = None
+    rate: Rate | None = None
+
+
+def parse_rate(value: Any) -> Rate:
+    """``"100/m"`` -> Rate(100, 60.0); ValueError with what to write instead."""
+    match = _RATE.fullmatch(value) if isinstance(value, str) else None
+    if match is None:
+        raise ValueError(
+            f"rate {short_repr(value)} is not a rate: write N/period, e.g. '100/m', '10/s', "
+            "'5/30s', '1000/h' or '50000/d'"
+        )
+    count, multiple, unit = int(match[1]), float(match[2] or 1), match[3]
+    seconds = multiple * _UNIT_SECONDS[unit]
+    if count < 1 or seconds <= 0:
+        raise ValueError(f"rate {value!r} must allow at least 1 start in a period longer than 0")
+    return Rate(count, seconds)
+
+
+def parse_limits(value: Any) -> dict[str, QueueLimit]:
+    """QUEUE_LIMITS -> {queue: QueueLimit}; ValueError naming the entry at fault."""
+    if not isinstance(value, dict):
+        raise ValueError(f"QUEUE_LIMITS must be a dict of queue -> limits, not {short_repr(value)}")
+    limits = {}
+    for queue, entry in value.items():
+        try:
+            validate_queue(queue)
+        except Exception as exc:
+            raise ValueError(f"QUEUE_LIMITS: {exc}") from None
+        if not isinstance(entry, dict) or not entry or set(entry) - {"concurrency", "rate"}:
+            raise ValueError(
+                f"QUEUE_LIMITS[{queue!r}] must be a dict with 'concurrency' (an int >= 1) "
+                f"and/or 'rate' (e.g. '100/m'), not {short_repr(entry)}"
+            )
+        concurrency = entry.get("concurrency")
+        if concurrency is not None and (
+            isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1
+        ):
+            raise ValueError(
+                f"QUEUE_LIMITS[{queue!r}]['concurrency'] must be an int >= 1, "
+                f"not {short_repr(concurrency)}"
+            )
+        try:
+            rate = None if entry.get("rate") is None else parse_rate(entry["rate"])
+        except ValueError as exc:
+            raise ValueError(f"QUEUE_LIMITS[{queue!r}]: {exc}") from None
+        limits[queue] = QueueLimit(queue, concurrency, rate)
+    return limits
+
+
+def queue_limits() -> dict[str, QueueLimit]:
+    """The effective QUEUE_LIMITS (checked by ``manage.py check``; raises if invalid)."""
+    from django_pgqueue.conf import get_setting
+
+    return parse_limits(get_setting("QUEUE_LIMITS"))
