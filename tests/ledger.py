@@ -321,6 +321,30 @@ def check(
     return report
 
 
+def most_at_once(runs: Iterable[Run]) -> int:
+    """The largest number of runs in progress at one instant (a run that ends as another
+    starts does not overlap it). Runs without an end count until their process died, or
+    forever."""
+    edges = sorted([(run.start, 1) for run in runs] + [(run.until, -1) for run in runs],
+                   key=lambda edge: (edge[0], edge[1]))
+    most = now = 0
+    for _, step in edges:
+        now += step
+        most = max(most, now)
+    return most
+
+
+def most_starts_within(runs: Iterable[Run], seconds: float) -> int:
+    """The largest number of runs that started within any window of ``seconds``."""
+    starts = sorted(run.start for run in runs)
+    most = first = 0
+    for last, t in enumerate(starts):
+        while t - starts[first] >= seconds:
+            first += 1
+        most = max(most, last - first + 1)
+    return most
+
+
 TASK_COLUMNS = "id, state, attempt, errors, executions"
 
 

@@ -28,3 +28,12 @@ def ledger_run(context: TaskContext, n: int, seconds: float | None = None) -> in
     time.sleep(work_seconds(n) if seconds is None else seconds)
     record_run("end", context.task_id, context.attempt, context.lease_token)
     return n
+
+
+@task(takes_context=True, concurrency_key=lambda n, key, seconds=0.1: key)
+def ledger_keyed(context: TaskContext, n: int, key: str, seconds: float = 0.1) -> int:
+    """A ledger run limited to one at a time per key, fleet-wide (key_concurrency 1)."""
+    record_run("start", context.task_id, context.attempt, context.lease_token)
+    time.sleep(seconds)
+    record_run("end", context.task_id, context.attempt, context.lease_token)
+    return n

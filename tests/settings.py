@@ -66,10 +66,16 @@ PGQUEUE = {
     "QUEUES": ["default"],
     "TASK_MODULES": [
         "tests.tasks", "tests.framework_tasks", "tests.fault_tasks", "tests.ledger_tasks",
-        "tests.prefork_tasks",
+        "tests.prefork_tasks", "tests.periodic_tasks",
     ],
     "DEFAULT_BACKOFF": {"base": 0.05, "factor": 2.0, "cap": 0.2, "jitter": 0.0},
     "POLL_INTERVAL": 0.5,
+    # Queues of tests/test_limits.py only (a worker applies the limits of its queues).
+    "QUEUE_LIMITS": {
+        "limited": {"concurrency": 3},
+        "rated": {"rate": "10/s"},
+        "limited_rated": {"concurrency": 2, "rate": "20/s"},
+    },
 }
 # tests/test_watchdog.py shrinks the watchdog's thresholds in the workers it starts.
 if "PGQUEUE_TEST_TIMEOUT_GRACE" in os.environ:

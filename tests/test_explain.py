@@ -13,6 +13,7 @@ import psycopg
 import pytest
 from django.db import connections
 
+from django_pgqueue.limits import parse_limits
 from django_pgqueue.sql import QUERIES
 from django_pgqueue.worker.connection import connect
 from tests.conftest import database_url
@@ -96,9 +97,13 @@ def node_types(plan: dict) -> list[str]:
     return found
 
 
-def claim_params(limit: int = 10) -> dict:
+def claim_params(limit: int = 10, limited: bool = False) -> dict:
+    limits = key_limits = None
+    if limited:  # a concurrency and a rate limit that do not bind, and every route keyed
+        limits = parse_limits({"default": {"concurrency": 1000, "rate": "100000/s"}})
+        key_limits = dict.fromkeys(all_routes(), 5)
     return {
-        **route_params(["default"], all_routes(), 60.0),
+        **route_params(["default"], all_routes(), 60.0, limits, key_limits),
         "limit": limit,
         "token": "00000000-0000-0000-0000-000000000001",
         "lease_seconds": 30,
@@ -106,9 +111,9 @@ def claim_params(limit: int = 10) -> dict:
     }
 
 
-def claim_plan(conn: psycopg.Connection) -> dict:
-    analyze(conn, "claim", claim_params())  # warm the caches
-    return analyze(conn, "claim", claim_params())
+def claim_plan(conn: psycopg.Connection, limited: bool = False) -> dict:
+    analyze(conn, "claim", claim_params(limited=limited))  # warm the caches
+    return analyze(conn, "claim", claim_params(limited=limited))
 
 
 @pytest.mark.parametrize("shape", SHAPES)
@@ -125,6 +130,25 @@ def test_a_claim_beside_rows_it_cannot_take_reads_what_it_reads_on_a_clean_table
     # The same rows read, however many others the table holds (a walk over the 50,000
     # would read them); pages touched may grow by one per index descent as the indexes
     # deepen, never with the number of rows.
+    assert rows_read(beside) <= rows_read(clean) + 5, (rows_read(clean), rows_read(beside))
+    assert buffers(beside) <= 2 * buffers(clean), (buffers(clean), buffers(beside))
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_a_limited_claim_beside_rows_it_cannot_take_reads_what_it_reads_on_a_clean_table(
+    session, shape
+):
+    # Limits add counts of running rows (pgqueue_task_running) and of busy keys, never
+    # a walk over the rows the claim cannot take.
+    fill(session, None)
+    clean = claim_plan(session, limited=True)
+    session.execute("TRUNCATE pgqueue_task")
+
+    fill(session, shape)
+    beside = claim_plan(session, limited=True)
+
+    assert beside["Actual Rows"] == 10
+    assert "Seq Scan pgqueue_task" not in node_types(beside), beside
     assert rows_read(beside) <= rows_read(clean) + 5, (rows_read(clean), rows_read(beside))
     assert buffers(beside) <= 2 * buffers(clean), (buffers(clean), buffers(beside))
 

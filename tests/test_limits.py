@@ -1,0 +1,215 @@
+"""Fleet-wide limits and pausing, with real worker processes judged from the ledger.
+
+tests/settings.py limits three queues that only these tests use: "limited" (3 running
+at once), "rated" (10 starts per second) and "limited_rated" (2 at once, 20/s). What
+the handlers did is read from the ledger (tests/ledger.py), outside the database.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+from django.db import connection
+
+from django_pgqueue import pause, resume
+from django_pgqueue.limits import parse_limits, parse_rate
+from django_pgqueue.models import Queue, Task
+from tests import ledger
+from tests.conftest import wait_until
+from tests.ledger_tasks import ledger_keyed, ledger_run
+from tests.tasks import just_sleep, noop
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture
+def ledger_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    path = tmp_path / "ledger.jsonl"
+    monkeypatch.setenv(ledger.LEDGER_ENV, str(path))
+    return path
+
+
+def all_runs(path: Path) -> list[ledger.Run]:
+    return [run for runs in ledger.runs_of(ledger.read(path)).values() for run in runs]
+
+
+def states(ids: list[int]) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for state in Task.objects.filter(id__in=ids).values_list("state", flat=True):
+        counts[state] = counts.get(state, 0) + 1
+    return counts
+
+
+def queue_row(name: str) -> dict:
+    # values(): last_escape_at defaults to -infinity, which Python's datetime cannot hold
+    return Queue.objects.values("paused", "paused_tasks").get(name=name)
+
+
+def wait_all_succeeded(ids: list[int], timeout: float = 60) -> None:
+    wait_until(
+        lambda: states(ids).get("succeeded") == len(ids),
+        timeout,
+        interval=0.1,
+        message=f"{len(ids)} tasks to succeed (now {states(ids)})",
+    )
+
+
+# -- concurrency -----------------------------------------------------------------------
+def test_a_queue_concurrency_limit_holds_across_four_workers_of_eight_slots(
+    start_worker, ledger_file
+):
+    # Given 4 workers x 8 slots serving "limited" (at most 3 running, fleet-wide)
+    workers = [start_worker("--queues", "limited", "--concurrency", "8") for _ in range(4)]
+    # When 48 tasks of 0.15 s arrive at once
+    ids = ledger_run.using(queue="limited").enqueue_many(
+        [(n, 0.15) for n in range(48)]
+    )
+    wait_all_succeeded(ids)
+    runs = all_runs(ledger_file)
+    # Then never more than 3 handlers ran at once, and the limit was used, not undercut
+    assert len(runs) == 48
+    assert ledger.most_at_once(runs) == 3
+    # and the work was spread over the fleet, not left to the first worker
+    assert len({run.pid for run in runs}) >= 2, [w.pid for w in workers]
+
+
+def test_a_per_key_limit_never_overlaps_two_runs_of_one_key(start_worker, ledger_file):
+    # Given 3 workers x 4 slots and tasks limited to one running per key
+    for _ in range(3):
+        start_worker("--concurrency", "4")
+    keys = ["account:1", "account:2", "account:3"]
+    # When 30 tasks of three keys arrive, ten of each, in one batch
+    ids = ledger_keyed.enqueue_many([(n, keys[n % 3], 0.05) for n in range(30)])
+    wait_all_succeeded(ids)
+    key_of = dict(Task.objects.filter(id__in=ids).values_list("id", "concurrency_key"))
+    runs = all_runs(ledger_file)
+    # Then no two runs of one key overlapped
+    for key in keys:
+        of_key = [run for run in runs if key_of[run.task] == key]
+        assert len(of_key) == 10
+        assert ledger.most_at_once(of_key) == 1, key
+    # while different keys ran side by side
+    assert ledger.most_at_once(runs) >= 2
+
+
+def test_a_saturated_key_does_not_block_the_keys_behind_it(start_worker, ledger_file):
+    # Given one worker x 4 slots, and a key whose 20 tasks are ahead in the queue
+    ids = ledger_keyed.enqueue_many([(n, "busy", 0.1) for n in range(20)])
+    other = ledger_keyed.enqueue(99, "other", 0.01)
+    start_worker("--concurrency", "4")
+    # When the worker starts, the other key's task runs long before the busy key drains
+    wait_all_succeeded([other], timeout=10)
+    assert states(ids).get("succeeded", 0) < 10
+    wait_all_succeeded(ids)
+
+
+# -- rate ------------------------------------------------------------------------------
+def test_a_rate_limit_spreads_starts_over_the_period_across_workers(start_worker, ledger_file):
+    # Given two workers serving "rated" (10 starts per second, fleet-wide)
+    for _ in range(2):
+        start_worker("--queues", "rated", "--concurrency", "8")
+    # When 30 quick tasks arrive at once
+    ids = ledger_run.using(queue="rated").enqueue_many([(n, 0.01) for n in range(30)])
+    started = time.monotonic()
+    wait_all_succeeded(ids)
+    took = time.monotonic() - started
+    runs = all_runs(ledger_file)
+    assert len(runs) == 30
+    # Then no window of one second holds more than 10 starts (a fixed-window limiter
+    # would allow 20 across a boundary)
+    assert ledger.most_starts_within(runs, 0.98) <= 10
+    # and the budget was spent as it came, not at the poll interval: 30 starts at
+    # 10/s take about 3 s
+    assert 2.0 <= took < 6.0, took
+
+
+def test_a_queue_with_both_limits_obeys_both(start_worker, ledger_file):
+    start_worker("--queues", "limited_rated", "--concurrency", "8")
+    start_worker("--queues", "limited_rated", "--concurrency", "8")
+    ids = ledger_run.using(queue="limited_rated").enqueue_many([(n, 0.2) for n in range(12)])
+    wait_all_succeeded(ids)
+    runs = all_runs(ledger_file)
+    assert ledger.most_at_once(runs) <= 2
+    assert ledger.most_starts_within(runs, 0.98) <= 20
+
+
+def test_rates_are_parsed_with_their_burst_and_spacing():
+    rate = parse_rate("100/m")
+    assert (rate.count, rate.seconds, rate.burst) == (100, 60.0, 5)
+    # 5 at once after an idle spell, then one every 60/96 s: never 101 in a minute
+    assert rate.interval == pytest.approx(60 / 96)
+    assert parse_rate("5/30s").seconds == 30.0
+    assert parse_rate("1/h").burst == 1
+
+
+@pytest.mark.parametrize(
+    ("limits", "message"),
+    [
+        ({"emails": {"rate": "100 per minute"}}, "write N/period"),
+        ({"emails": {"concurrency": 0}}, "an int >= 1"),
+        ({"emails": {"concurency": 3}}, "must be a dict with 'concurrency'"),
+        ({"bad name!": {"concurrency": 3}}, "not a valid queue name"),
+    ],
+)
+def test_invalid_limits_are_refused_with_what_to_write(limits, message):
+    with pytest.raises(ValueError, match=message):
+        parse_limits(limits)
+
+
+# -- pause -----------------------------------------------------------------------------
+def test_a_paused_queue_is_not_claimed_and_resumes_within_a_second(start_worker):
+    # Given a running worker and a paused queue
+    start_worker("--poll-interval", "30")
+    pause("default")
+    # When tasks are enqueued while it is paused
+    ids = noop.enqueue_many(range(5))
+    time.sleep(1.5)
+    # Then none is claimed
+    assert states(ids) == {"pending": 5}
+    assert queue_row("default")["paused"]
+    # And after resume (a notification wakes the idle worker: its poll is 30 s)
+    resumed = time.monotonic()
+    assert resume("default")
+    wait_all_succeeded(ids, timeout=5)
+    assert time.monotonic() - resumed < 1.5
+
+
+def test_pausing_a_task_name_leaves_the_rest_of_the_queue_running(start_worker):
+    start_worker()
+    pause("default", task_name=noop.name)
+    held = noop.enqueue_many(range(3))
+    others = [just_sleep.enqueue(0.01), just_sleep.enqueue(0.01)]  # same queue, other name
+    wait_all_succeeded(others, timeout=10)
+    assert states(held) == {"pending": 3}
+    assert queue_row("default")["paused_tasks"] == [noop.name]
+    resume("default", task_name=noop.name)
+    wait_all_succeeded(held, timeout=5)
+    assert queue_row("default")["paused_tasks"] == []
+
+
+def test_a_task_running_when_its_queue_is_paused_finishes(start_worker, ledger_file):
+    start_worker()
+    (running,) = ledger_run.enqueue_many([(1, 1.0)])
+    wait_until(lambda: states([running]).get("running"), 10, message="the task to start")
+    pause("default")
+    queued = ledger_run.enqueue_many([(2, 0.01)])
+    wait_all_succeeded([running], timeout=10)
+    time.sleep(0.5)
+    assert states(queued) == {"pending": 1}
+
+
+def test_pause_and_resume_of_a_queue_no_worker_serves_yet():
+    pause("nightly")
+    assert queue_row("nightly")["paused"]
+    assert resume("nightly")
+    assert not queue_row("nightly")["paused"]
+    assert resume("never-seen") is False
+
+
+def test_the_worker_registers_its_queues_so_they_can_be_paused(start_worker):
+    start_worker("--queues", "default,emails")
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT name FROM pgqueue_queue ORDER BY name")
+        assert [r[0] for r in cursor.fetchall()] == ["default", "emails"]
