@@ -220,3 +220,30 @@ class Worker(models.Model):
     def __str__(self) -> str:
         return f"{self.hostname}:{self.pid}"
 
+
+class Schedule(models.Model):
+    """One row per periodic schedule (docs/periodic.md), by name: created the first
+    time a worker sees the schedule, advanced by each tick it enqueues (sql:
+    enqueue_tick). The schedule itself is declared in code; task_name, spec and
+    timezone are a copy of it, for the admin to show after it was removed."""
+
+    name = models.CharField(max_length=255, primary_key=True)
+    task_name = models.CharField(max_length=255)
+    # "0 7 * * mon" or "every 10s".
+    spec = models.CharField(max_length=255)
+    timezone = models.CharField(max_length=64)
+    # When a worker first saw the schedule: it runs no tick before.
+    created_at = models.DateTimeField(db_default=Now())
+    # The last tick enqueued (the database decides each tick once), when, as which
+    # task, by which worker. A tick's task is not a foreign key: retention prunes tasks.
+    last_tick = models.DateTimeField(null=True, blank=True)
+    last_enqueued_at = models.DateTimeField(null=True, blank=True)
+    last_task_id = models.BigIntegerField(null=True, blank=True)
+    last_worker_id = models.CharField(max_length=64, null=True, blank=True)
+
+    class Meta:
+        db_table = "pgqueue_schedule"
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
