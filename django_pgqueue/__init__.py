@@ -12,6 +12,8 @@ Public API::
     send_receipt.enqueue_many([1, 2, 3])      # one statement
     send_receipt.using(priority=10, delay=30).enqueue(order.id)
 
+    periodic(send_digest, cron="0 7 * * mon", timezone="Europe/Paris")  # docs/periodic.md
+
 Everything else is private by name or lives in a submodule documented in docs/.
 """
 
@@ -27,6 +29,7 @@ from django_pgqueue.exceptions import (
     TaskNotRegistered,
 )
 from django_pgqueue.operations import cancel, get_task, pause, queue_overview, resume
+from django_pgqueue.periodic import periodic
 from django_pgqueue.registry import TaskDefinition, call, task
 from django_pgqueue.retry import RetryPolicy
 
@@ -46,6 +49,7 @@ __all__ = [
     "cancel",
     "get_task",
     "pause",
+    "periodic",
     "queue_overview",
     "resume",
     "task",

@@ -1,0 +1,380 @@
+"""Periodic tasks: schedules declared next to their task, and their registry.
+
+A schedule comes from code, like a task: ``periodic(send_digest, cron="0 7 * * mon")``
+in an app's tasks.py registers it when the module is imported. A deploy that adds,
+changes or removes a schedule takes effect without a migration. Workers fire the
+schedules of their queues (worker/scheduler.py); the database decides, one statement
+per tick, that each tick is enqueued once across the fleet (sql: enqueue_tick). See
+docs/periodic.md.
+
+``from django_pgqueue import periodic`` declares; ``from django_pgqueue.periodic import
+run_now, schedules`` for the rest (the package's ``periodic`` is the function).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, overload
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+from django.core.exceptions import ImproperlyConfigured
+
+from django_pgqueue.enqueue import build_row
+from django_pgqueue.exceptions import InvalidTaskError, PgQueueError
+from django_pgqueue.payload import check_text, short_repr
+from django_pgqueue.registry import TaskDefinition
+from django_pgqueue.ticks import MISSED_POLICIES, Cron, Every, InvalidSchedule, Ticks, due
+
+NAME_MAX_LENGTH = 255  # pgqueue_schedule.name
+CATCH_UP_LIMIT_MAX = 1000
+# Per-call options that a tick cannot honour: its task is due at its tick, enqueued by
+# a worker, once per tick already.
+_REFUSED_OPTIONS = ("run_at", "delay", "unique_key", "commit_alias")
+
+
+class ScheduleNotDeclared(PgQueueError, LookupError):
+    """No schedule of this name is declared in this process."""
+
+
+@dataclass(frozen=True, eq=False)
+class ScheduleDefinition:
+    """One schedule: a task (with its ``using(...)`` options), its arguments, and when."""
+
+    name: str
+    task: TaskDefinition
+    ticks: Ticks
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+    timezone: str
+    missed: str
+    catch_up_limit: int
+
+    @property
+    def queue(self) -> str:
+        return self.task.options.queue or self.task.queue
+
+    @property
+    def spec(self) -> str:
+        """The schedule as people write it: ``0 7 * * mon`` or ``every 10s``."""
+        return str(self.ticks)
+
+    def due(
+        self, last_tick: datetime | None, first_seen: datetime, now: datetime
+    ) -> list[datetime]:
+        """The ticks to enqueue at ``now`` (the database's clock), oldest first."""
+        return due(
+            self.ticks,
+            last_tick=last_tick,
+            first_seen=first_seen,
+            now=now,
+            missed=self.missed,
+            catch_up_limit=self.catch_up_limit,
+        )
+
+    def next_tick(self, after: datetime) -> datetime | None:
+        return self.ticks.after(after)
+
+    def task_row(self, metadata: dict[str, Any]) -> dict[str, Any]:
+        """The task's INSERT parameters, validated exactly as an enqueue's (build_row),
+        with ``metadata`` added to the task's own."""
+        definition = self.task.using(metadata={**self.task.options.metadata, **metadata})
+        return build_row(definition, self.args, self.kwargs)
+
+    def _identity(self) -> tuple:
+        task = self.task
+        return (task.name, task.version, task.options, self.ticks, self.args, self.kwargs,
+                self.timezone, self.missed, self.catch_up_limit)  # fmt: skip
+
+
+class ScheduleRegistry:
+    """Schedule name -> ScheduleDefinition, filled by importing modules that call
+    ``periodic``. A name declared twice with different schedules is an error."""
+
+    def __init__(self) -> None:
+        self._schedules: dict[str, ScheduleDefinition] = {}
+        self._lock = threading.Lock()
+
+    def register(self, schedule: ScheduleDefinition, *, named: bool) -> None:
+        with self._lock:
+            existing = self._schedules.get(schedule.name)
+            if existing is not None and existing._identity() != schedule._identity():
+                if named:
+                    raise ImproperlyConfigured(
+                        f"schedule {schedule.name!r} is declared twice, with different "
+                        "schedules; give one of them another name=..."
+                    )
+                raise ImproperlyConfigured(
+                    f"task {schedule.task.name!r} has several schedules: give each "
+                    f"periodic(...) of it its own name=..., e.g. "
+                    f"name={schedule.task.name + ':morning'!r}"
+                )
+            self._schedules[schedule.name] = schedule
+
+    def unregister(self, name: str) -> None:
+        with self._lock:
+            self._schedules.pop(name, None)
+
+    def get(self, name: str) -> ScheduleDefinition:
+        try:
+            return self._schedules[name]
+        except KeyError:
+            known = ", ".join(sorted(self._schedules)) or "(none)"
+            raise ScheduleNotDeclared(
+                f"schedule {name!r} is not declared in this process; declared schedules: "
+                f"{known}. Is the module that calls periodic(...) imported (an installed "
+                "app's tasks.py, or PGQUEUE['TASK_MODULES'])?"
+            ) from None
+
+    def find(self, name: str) -> ScheduleDefinition | None:
+        """The schedule of this name, or None if it is not declared."""
+        return self._schedules.get(name)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._schedules
+
+    def all(self) -> list[ScheduleDefinition]:
+        return [self._schedules[name] for name in sorted(self._schedules)]
+
+
+schedule_registry = ScheduleRegistry()
+
+
+@overload
+def periodic(
+    task: TaskDefinition,
+    /,
+    *,
+    cron: str | None = None,
+    every: float | None = None,
+    args: Sequence[Any] = (),
+    kwargs: dict[str, Any] | None = None,
+    timezone: str = "UTC",
+    name: str | None = None,
+    missed: str = "once",
+    catch_up_limit: int = 10,
+) -> ScheduleDefinition: ...
+
+
+@overload
+def periodic(
+    *,
+    cron: str | None = None,
+    every: float | None = None,
+    args: Sequence[Any] = (),
+    kwargs: dict[str, Any] | None = None,
+    timezone: str = "UTC",
+    name: str | None = None,
+    missed: str = "once",
+    catch_up_limit: int = 10,
+) -> Callable[[TaskDefinition], TaskDefinition]: ...
+
+
+def periodic(
+    task: TaskDefinition | None = None,
+    /,
+    *,
+    cron: str | None = None,
+    every: float | None = None,
+    args: Sequence[Any] = (),
+    kwargs: dict[str, Any] | None = None,
+    timezone: str = "UTC",
+    name: str | None = None,
+    missed: str = "once",
+    catch_up_limit: int = 10,
+) -> Any:
+    """Declare a schedule for a task: ``periodic(send_digest, cron="0 7 * * mon",
+    timezone="Europe/Paris")`` or ``periodic(poll, every=10)``; or, as a decorator over
+    ``@task``, ``@periodic(every=60)``.
+
+    ``cron`` is a five-field cron expression in ``timezone``; ``every`` a number of
+    seconds (>= 1), counted from the Unix epoch. ``args`` and ``kwargs`` are the task's
+    arguments, checked like an enqueue's. ``name`` defaults to the task's name, and is
+    required when a task has several schedules. ``missed`` says what happens to ticks
+    no worker was running for: ``"skip"`` (never run them), ``"once"`` (run the latest
+    one) or ``"all"`` (run each, at most the latest ``catch_up_limit``). Queue,
+    priority and other options come from the task, or ``task.using(...)``.
+    """
+    options = {
+        "cron": cron,
+        "every": every,
+        "args": args,
+        "kwargs": kwargs,
+        "timezone": timezone,
+        "name": name,
+        "missed": missed,
+        "catch_up_limit": catch_up_limit,
+    }
+    if task is None:
+
+        def decorate(definition: TaskDefinition) -> TaskDefinition:
+            _declare(definition, **options)
+            return definition
+
+        return decorate
+    return _declare(task, **options)
+
+
+def _declare(
+    task: Any,
+    *,
+    cron: str | None,
+    every: float | None,
+    args: Sequence[Any],
+    kwargs: dict[str, Any] | None,
+    timezone: str,
+    name: str | None,
+    missed: str,
+    catch_up_limit: int,
+) -> ScheduleDefinition:
+    if not isinstance(task, TaskDefinition):
+        raise ImproperlyConfigured(
+            f"periodic() takes a task (a function decorated with @task), not "
+            f"{short_repr(task)}; as a decorator, put @periodic(...) above @task"
+        )
+    where = f"periodic({task.name})"
+    schedule_name = task.name if name is None else name
+    if not isinstance(schedule_name, str) or not 1 <= len(schedule_name) <= NAME_MAX_LENGTH:
+        raise ImproperlyConfigured(
+            f"{where}: name must be a non-empty string of at most {NAME_MAX_LENGTH} "
+            f"characters, not {short_repr(schedule_name)}"
+        )
+    try:
+        check_text(schedule_name, "name")
+    except InvalidTaskError as exc:
+        raise ImproperlyConfigured(f"{where}: {exc}") from exc
+    schedule = ScheduleDefinition(
+        name=schedule_name,
+        task=task,
+        ticks=_ticks(where, cron, every, timezone),
+        args=_args(where, args),
+        kwargs={} if kwargs is None else kwargs,
+        timezone=timezone,
+        missed=_missed(where, missed),
+        catch_up_limit=_catch_up_limit(where, catch_up_limit),
+    )
+    refused = [o for o in _REFUSED_OPTIONS if getattr(task.options, o) is not None]
+    if refused:
+        raise ImproperlyConfigured(
+            f"{where}: the task's using({', '.join(refused)}=...) cannot apply to a "
+            "schedule's ticks: a tick's task is due at its tick and enqueued once per tick"
+        )
+    try:
+        schedule.task_row({})
+    except InvalidTaskError as exc:
+        raise InvalidTaskError(f"{where}: {exc}") from exc
+    schedule_registry.register(schedule, named=name is not None)
+    return schedule
+
+
+def _ticks(where: str, cron: str | None, every: float | None, timezone: str) -> Ticks:
+    if (cron is None) == (every is None):
+        raise ImproperlyConfigured(f"{where}: pass either cron=... or every=..., not both")
+    try:
+        zone = ZoneInfo(timezone)
+    except (ZoneInfoNotFoundError, ValueError, TypeError):
+        raise ImproperlyConfigured(
+            f"{where}: timezone {short_repr(timezone)} is not a known IANA time zone "
+            "(e.g. 'Europe/Paris', 'UTC')"
+        ) from None
+    try:
+        if cron is not None:
+            return Cron(cron, zone)
+        if timezone != "UTC":
+            raise InvalidSchedule(
+                "timezone applies to cron schedules only: every= ticks are counted from the "
+                "Unix epoch; leave timezone out"
+            )
+        return Every(every)
+    except InvalidSchedule as exc:
+        raise ImproperlyConfigured(f"{where}: {exc}") from exc
+
+
+def _args(where: str, args: Any) -> tuple[Any, ...]:
+    if isinstance(args, str | bytes | dict) or not isinstance(args, Sequence):
+        raise ImproperlyConfigured(
+            f"{where}: args must be a list or tuple of the task's positional arguments, "
+            f"not {short_repr(args)}"
+        )
+    return tuple(args)
+
+
+def _missed(where: str, missed: Any) -> str:
+    if missed not in MISSED_POLICIES:
+        raise ImproperlyConfigured(
+            f"{where}: missed={short_repr(missed)}: use one of "
+            + ", ".join(repr(p) for p in MISSED_POLICIES)
+        )
+    return missed
+
+
+def _catch_up_limit(where: str, limit: Any) -> int:
+    if (
+        isinstance(limit, bool)
+        or not isinstance(limit, int)
+        or not 1 <= limit <= CATCH_UP_LIMIT_MAX
+    ):
+        raise ImproperlyConfigured(
+            f"{where}: catch_up_limit must be an int from 1 to {CATCH_UP_LIMIT_MAX}, "
+            f"not {short_repr(limit)}"
+        )
+    return limit
+
+
+def run_now(name: str) -> int:
+    """Enqueue a schedule's task now, in the caller's transaction, outside its ticks:
+    the schedule's last tick does not move. Returns the task id. The task's metadata
+    says ``{"schedule": name, "run_now": true}``."""
+    schedule = schedule_registry.get(name)
+    row_metadata = {**schedule.task.options.metadata, "schedule": name, "run_now": True}
+    return schedule.task.using(metadata=row_metadata).enqueue(*schedule.args, **schedule.kwargs)
+
+
+def schedules() -> list[dict[str, Any]]:
+    """Every schedule declared in this process or recorded in the database, by name.
+
+    Each: ``name``, ``task``, ``schedule`` (``0 7 * * mon`` or ``every 10s``),
+    ``timezone``, ``missed``, ``queue``, ``declared`` (False: a row left by a schedule
+    removed from the code, which no longer fires), ``first_seen`` (when a worker first
+    saw it), ``last_tick``, ``last_enqueued_at``, ``last_task_id``, ``last_worker_id``
+    and ``next_tick`` (the first tick after now, by the declaration in this process;
+    None when not declared). A declared schedule no worker has seen yet has no times.
+    """
+    from django.utils import timezone
+
+    from django_pgqueue.conf import get_settings
+    from django_pgqueue.models import Schedule
+
+    rows = {row.name: row for row in Schedule.objects.using(get_settings().DATABASE)}
+    declared = {s.name: s for s in schedule_registry.all()}
+    now = timezone.now()
+    listing = []
+    for name in sorted(set(rows) | set(declared)):
+        row, schedule = rows.get(name), declared.get(name)
+        listing.append(
+            {
+                "name": name,
+                "task": schedule.task.name if schedule else row.task_name,
+                "schedule": schedule.spec if schedule else row.spec,
+                "timezone": schedule.timezone if schedule else row.timezone,
+                "missed": schedule.missed if schedule else None,
+                "queue": schedule.queue if schedule else None,
+                "declared": schedule is not None,
+                "first_seen": row.created_at if row else None,
+                "last_tick": row.last_tick if row else None,
+                "last_enqueued_at": row.last_enqueued_at if row else None,
+                "last_task_id": row.last_task_id if row else None,
+                "last_worker_id": row.last_worker_id if row else None,
+                "next_tick": next_tick(schedule, row, now) if schedule else None,
+            }
+        )
+    return listing
+
+
+def next_tick(schedule: ScheduleDefinition, row: Any, now: datetime) -> datetime | None:
+    """The schedule's first tick after ``now`` (and after its last tick, if a clock put
+    that in the future)."""
+    after = now if row is None or row.last_tick is None else max(now, row.last_tick)
+    return schedule.next_tick(after)
