@@ -326,6 +326,12 @@ SETTINGS: tuple[Setting, ...] = (
         "keeps it pending forever.",
         minimum=0, nullable=True,
     ),
+    Setting(
+        "SCHEDULER", True, bool,
+        "Whether a worker enqueues the ticks of the periodic schedules of its queues "
+        "(docs/periodic.md); False leaves them to other workers.",
+        option="scheduler",
+    ),
     # -- retention ---------------------------------------------------------------------
     Setting(
         "RESULT_TTL", 24 * 3600.0, float,

@@ -18,6 +18,7 @@ from functools import partial
 
 from django_pgqueue.conf import SETTINGS, get_settings
 from django_pgqueue.limits import queue_limits
+from django_pgqueue.periodic import schedule_registry
 from django_pgqueue.registry import registry
 from django_pgqueue.sql import QUERIES
 from django_pgqueue.worker.async_slots import AsyncSlots
@@ -31,6 +32,7 @@ from django_pgqueue.worker.inflight import InFlight
 from django_pgqueue.worker.outcomes import Outcome, released
 from django_pgqueue.worker.prefork import DEADLINE_MARGIN, PreforkPool
 from django_pgqueue.worker.pruner import Pruner
+from django_pgqueue.worker.scheduler import Scheduler
 from django_pgqueue.worker.settler import Settler
 from django_pgqueue.worker.slots import SlotPool
 from django_pgqueue.worker.stats import WorkerStats
@@ -192,6 +194,18 @@ class Worker:
             if options.prune
             else None
         )
+        # Periodic schedules (docs/periodic.md): those of this worker's queues whose task
+        # it runs; every such worker fires them, the database enqueues each tick once.
+        schedules = [
+            s
+            for s in schedule_registry.all()
+            if s.queue in options.queues and (s.task.name, s.task.version) in self.routes
+        ]
+        self.scheduler = (
+            Scheduler(self.alias, self.worker_id, schedules, self.stats)
+            if options.scheduler and schedules
+            else None
+        )
         # Registration retries until the database answers or the worker is told to stop.
         self._registry_session = Session(self.alias, "registry", self._stop_requested)
 
@@ -280,6 +294,8 @@ class Worker:
             parts.insert(4, self.pruner)
         if self.vacuumer is not None:
             parts.insert(4, self.vacuumer)
+        if self.scheduler is not None:
+            parts.append(self.scheduler)
         return parts
 
     def _burst_done(self) -> bool:
@@ -383,6 +399,8 @@ class Worker:
             parts.append(self.pruner)
         if self.vacuumer is not None:
             parts.append(self.vacuumer)
+        if self.scheduler is not None:
+            parts.append(self.scheduler)
         return parts
 
     # -- registry ---------------------------------------------------------------------

@@ -1,0 +1,228 @@
+"""The scheduler: enqueues the ticks of the periodic schedules of this worker's queues.
+
+Every worker serving a schedule's queue runs it; the database decides that each tick is
+enqueued once across the fleet (sql: enqueue_tick), so there is no leader to elect or
+lose. Ticks are computed on the database's clock, never this host's: the scheduler
+keeps the now() its last statement returned and counts on from it with the monotonic
+clock, so clock skew between hosts does not matter.
+
+It sleeps until the next tick of its schedules, but never longer than MAX_SLEEP. A due
+tick costs one statement (enqueue_tick); without one, it reads its schedules' rows and
+the clock (schedule_state) at most every REFRESH seconds.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from psycopg.rows import dict_row
+
+from django_pgqueue.periodic import ScheduleDefinition
+from django_pgqueue.sql import QUERIES
+from django_pgqueue.worker.connection import Session
+from django_pgqueue.worker.stats import WorkerStats
+
+logger = logging.getLogger("django_pgqueue.worker")
+
+MAX_SLEEP = 1.0
+REFRESH = 5.0
+
+
+class DatabaseClock:
+    """The database's now(), between statements: the last now() a statement returned,
+    plus the monotonic time since its reply arrived. The statement's now() was taken
+    before the reply, so this is never ahead of the database's clock: a tick is never
+    attempted early, and late by no more than a round trip."""
+
+    def __init__(self) -> None:
+        self._base: datetime | None = None
+        self._at = 0.0
+
+    def set(self, database_now: datetime, received_at: float) -> None:
+        self._base, self._at = database_now, received_at
+
+    def now(self) -> datetime:
+        if self._base is None:
+            raise RuntimeError("the clock has not been read from the database yet")
+        return self._base + timedelta(seconds=time.monotonic() - self._at)
+
+    def age(self) -> float:
+        """Seconds since the database's clock was last read (inf before the first)."""
+        return float("inf") if self._base is None else time.monotonic() - self._at
+
+
+@dataclass
+class _Schedule:
+    """What this worker knows of one schedule's row."""
+
+    definition: ScheduleDefinition
+    first_seen: datetime | None = None  # None: no row (not seen yet, or deleted)
+    last_tick: datetime | None = None
+    next_tick: datetime | None = None  # the next tick to look at; None: none ever
+
+    def learn(self, first_seen: datetime, last_tick: datetime | None) -> None:
+        if self.first_seen != first_seen:  # a new row: start from it
+            self.first_seen, self.last_tick, self.next_tick = first_seen, None, None
+        if last_tick is not None and (self.last_tick is None or last_tick > self.last_tick):
+            self.last_tick = last_tick
+        if self.next_tick is None:
+            self.next_tick = self.definition.next_tick(
+                self.last_tick or first_seen - timedelta(microseconds=1)
+            )
+
+
+class Scheduler:
+    name = "scheduler"
+
+    def __init__(
+        self,
+        alias: str,
+        worker_id: str,
+        schedules: list[ScheduleDefinition],
+        stats: WorkerStats,
+    ) -> None:
+        self.worker_id = worker_id
+        self.stats = stats
+        self.schedules = [_Schedule(s) for s in schedules]
+        self.clock = DatabaseClock()
+        self._stop = threading.Event()
+        self.session = Session(alias, self.name, self._stop)
+        self._thread = threading.Thread(target=self._run, name="pgqueue-scheduler", daemon=True)
+
+    def start(self) -> None:
+        logger.info(
+            "scheduler: firing %s",
+            ", ".join(
+                f"{s.definition.name} ({s.definition.spec}, queue {s.definition.queue})"
+                for s in self.schedules
+            ),
+        )
+        self._thread.start()
+
+    def stop(self, timeout: float = 5.0) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout)
+        self.session.close()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                delay = self.step()
+            except Exception:
+                if self._stop.is_set():
+                    break
+                logger.exception("scheduler: step failed; will retry in %gs", REFRESH)
+                delay = REFRESH
+            if self._stop.wait(delay):
+                break
+
+    def step(self) -> float:
+        """Enqueue every due tick; returns the seconds until the next look."""
+        if self.clock.age() >= REFRESH or any(s.first_seen is None for s in self.schedules):
+            self.refresh()
+        for schedule in self.schedules:
+            self._fire_due(schedule)
+        upcoming = [s.next_tick for s in self.schedules if s.next_tick is not None]
+        until_refresh = REFRESH - self.clock.age()
+        if not upcoming:
+            return max(0.0, min(MAX_SLEEP, until_refresh))
+        until_tick = (min(upcoming) - self.clock.now()).total_seconds()
+        return max(0.0, min(MAX_SLEEP, until_refresh, until_tick))
+
+    def refresh(self) -> None:
+        """Read the clock and the schedules' rows; create the rows of new schedules."""
+        rows = self._read_rows()
+        missing = [s.definition for s in self.schedules if s.definition.name not in rows]
+        if missing:
+            params = {
+                "names": [d.name for d in missing],
+                "task_names": [d.task.name for d in missing],
+                "specs": [d.spec for d in missing],
+                "timezones": [d.timezone for d in missing],
+            }
+            self.session.call(lambda conn: conn.execute(QUERIES["schedule_seen"], params))
+            rows = self._read_rows()
+        for schedule in self.schedules:
+            row = rows.get(schedule.definition.name)
+            if row is None:
+                schedule.first_seen = None  # deleted again meanwhile: at the next step
+            else:
+                schedule.learn(row["created_at"], row["last_tick"])
+
+    def _read_rows(self) -> dict[str, dict[str, Any]]:
+        """The rows of this worker's schedules that exist, by name."""
+        rows = self._fetch("schedule_state", {"names": [s.definition.name for s in self.schedules]})
+        return {row["name"]: row for row in rows if row["created_at"] is not None}
+
+    def _fire_due(self, schedule: _Schedule) -> None:
+        if schedule.first_seen is None or schedule.next_tick is None:
+            return
+        now = self.clock.now()
+        if schedule.next_tick > now:
+            return
+        for tick in schedule.definition.due(schedule.last_tick, schedule.first_seen, now):
+            if not self.fire(schedule, tick):
+                return
+        schedule.next_tick = schedule.definition.next_tick(max(now, schedule.last_tick or now))
+
+    def fire(self, schedule: _Schedule, tick: datetime) -> bool:
+        """Enqueue one tick, unless another worker did. False when the tick could not be
+        settled now (it is not due yet by the database's clock, or the row is gone)."""
+        definition = schedule.definition
+        [result] = self._fetch("enqueue_tick", tick_params(definition, tick, self.worker_id))
+        if result["task_id"] is not None:
+            schedule.last_tick = tick
+            self.stats.incr("ticks_enqueued")
+            logger.debug(
+                "scheduler: %s tick %s enqueued as task %s",
+                definition.name,
+                tick.isoformat(),
+                result["task_id"],
+            )
+            return True
+        if not result["row_exists"]:
+            schedule.first_seen = None  # the row was deleted: seen anew at the next step
+            return False
+        if result["now"] < tick:
+            schedule.next_tick = tick  # early by the database's clock: try again then
+            return False
+        # Another worker enqueued this tick, or a later one: the row is at least here.
+        if schedule.last_tick is None or schedule.last_tick < tick:
+            schedule.last_tick = tick
+        return True
+
+    def _fetch(self, name: str, params: dict[str, Any]) -> list[dict[str, Any]]:
+        """A statement's rows, by column name. Each row carries the database's now(),
+        which sets the clock."""
+
+        def work(conn) -> list[dict[str, Any]]:
+            with conn.cursor(row_factory=dict_row) as cursor:
+                cursor.execute(QUERIES[name], params)
+                return cursor.fetchall()
+
+        rows = self.session.call(work)
+        if rows:
+            self.clock.set(rows[0]["now"], time.monotonic())
+        return rows
+
+
+def tick_params(definition: ScheduleDefinition, tick: datetime, worker_id: str) -> dict[str, Any]:
+    """The parameters of enqueue_tick: the task's row as an enqueue's (build_row), with
+    the schedule, the tick and the worker in its metadata, and the schedule's row."""
+    row = definition.task_row(
+        {"schedule": definition.name, "tick": tick.isoformat(), "worker": worker_id}
+    )
+    return {
+        **row,
+        "name": definition.name,
+        "tick": tick,
+        "worker_id": worker_id,
+        "spec": definition.spec,
+        "timezone": definition.timezone,
+    }
