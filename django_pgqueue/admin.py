@@ -744,3 +744,7 @@ class WorkerAdmin(admin.ModelAdmin):
             "pgqueue_overview_url": reverse("admin:django_pgqueue_queueoverview_changelist"),
         }
         return super().changelist_view(request, context)
+
+
+# -- periodic schedules: their own module -----------------------------------------------
+from django_pgqueue import admin_schedules  # noqa: E402, F401

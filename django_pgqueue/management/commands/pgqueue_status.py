@@ -11,6 +11,7 @@ from django.utils import timezone
 
 from django_pgqueue import operations
 from django_pgqueue.overview import group_by_queue, humanize_seconds
+from django_pgqueue.periodic import schedules
 
 COLUMNS = (
     ("due", "pending_routable"),
@@ -76,6 +77,7 @@ def read_status() -> dict[str, Any]:
         "generated_at": timezone.now().isoformat(timespec="seconds"),
         "tasks": operations.queue_overview(),
         "queues": operations.queue_capacity(),
+        "schedules": schedules(),
     }
 
 
@@ -103,8 +105,37 @@ def render_table(snapshot: dict[str, Any]) -> str:
                 for g in groups
             )
         )
+    out += _schedule_lines(snapshot.get("schedules") or [])
     out.append(f"at {snapshot['generated_at']}")
     return "\n".join(out)
+
+
+def _schedule_lines(schedules: list[dict[str, Any]]) -> list[str]:
+    """The periodic schedules: a table after the tasks' (docs/periodic.md)."""
+    if not schedules:
+        return []
+    header = ["schedule", "task", "when", "last tick", "next tick"]
+    lines = [
+        [
+            s["name"],
+            s["task"],
+            s["schedule"] + ("" if s["timezone"] == "UTC" else f" ({s['timezone']})"),
+            _moment(s["last_tick"]),
+            _moment(s["next_tick"]) if s["declared"] else "removed from the code",
+        ]
+        for s in schedules
+    ]
+    widths = [max(len(cell) for cell in column) for column in zip(header, *lines, strict=False)]
+    table = [header, ["-" * w for w in widths], *lines]
+    return ["", *(_left_aligned(row, widths) for row in table), ""]
+
+
+def _left_aligned(cells: list[str], widths: list[int]) -> str:
+    return "  ".join(cell.ljust(width) for cell, width in zip(cells, widths, strict=True)).rstrip()
+
+
+def _moment(value: Any) -> str:
+    return value.isoformat(timespec="seconds") if value is not None else "-"
 
 
 def _cell(row: dict[str, Any], key: str) -> str:
