@@ -185,6 +185,7 @@ def start_worker(db_url: str, tmp_path: Path) -> Iterator[Callable[..., WorkerPr
         wait: bool = True,
         new_session: bool = False,
         script: Path = REPO / "manage.py",
+        env: dict[str, str] | None = None,
     ) -> WorkerProcess:
         env = {
             **os.environ,
@@ -192,6 +193,7 @@ def start_worker(db_url: str, tmp_path: Path) -> Iterator[Callable[..., WorkerPr
             "DATABASE_URL": database_url or db_url,
             "PYTHONPATH": str(REPO),
             "PYTHONUNBUFFERED": "1",
+            **(env or {}),
         }
         worker = WorkerProcess(
             list(args),
