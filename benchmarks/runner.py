@@ -416,6 +416,7 @@ def drain(
     execution: str = "thread",
     shape: tuple[str, int] | None = None,
     async_claims: bool = False,
+    limits: bool = False,
 ) -> dict[str, Any]:
     """Pre-enqueue, start worker process(es), time until ``total`` tasks settled.
 
@@ -423,6 +424,7 @@ def drain(
     worker's prefork pool of child processes, so each task also crosses two pipes.
     ``shape``: (name, rows) of SHAPES, filled in before the backlog (W8).
     ``async_claims``: the workers run with PGQUEUE["ASYNC_CLAIMS"] (the opt-in).
+    ``limits``: the queue has a concurrency and a rate limit that never bind (W2a-limits).
 
     The rate is measured on the database's clock: from the first claim (the earliest
     started_at) to the settlement of the ``total``-th task (its finished_at), so the
@@ -447,7 +449,16 @@ def drain(
                 "--execution",
                 execution,
                 log_name=f"drain-{processes}p-{execution}-{i}",
-                env={"PGQUEUE_BENCH_ASYNC_CLAIMS": "1"} if async_claims else None,
+                env={
+                    **({"PGQUEUE_BENCH_ASYNC_CLAIMS": "1"} if async_claims else {}),
+                    # PGQUEUE_BENCH_LIMITS_SPEC: other limits (JSON) to measure.
+                    **(
+                        {"PGQUEUE_BENCH_LIMITS": os.environ.get("PGQUEUE_BENCH_LIMITS_SPEC", "1")}
+                        if limits
+                        else {}
+                    ),
+                }
+                or None,
             )
             for i in range(processes)
         ]
@@ -773,7 +784,7 @@ def main(argv: list[str] | None = None) -> int:
         "--only",
         help="comma-separated workloads: W1,W2,W3,W4,W5,W6,W7,W8,W10; also W2a (W2's 1-process "
         "drain alone), W2a-process (the same drain with --execution process) and "
-        "W2a-async (with ASYNC_CLAIMS)",
+        "W2a-async (with ASYNC_CLAIMS), W2a-limits (with limits that do not bind)",
     )
     parser.add_argument(
         "--quick",
@@ -860,6 +871,14 @@ def main(argv: list[str] | None = None) -> int:
             f"W2a drain {n:,}, 1 process, --execution process",
             "tasks/s",
             ratio_to="w2a",
+        ),
+        "w2a_limits": Row(
+            "w2a_limits",
+            f"W2a drain {n:,}, 1 process, queue concurrency + rate limit (not binding)",
+            "tasks/s",
+            ratio_to="w2a",
+            target=">= 0.8x W2a",
+            check=lambda v, r: r >= 0.8,
         ),
         "w2a_async": Row(
             "w2a_async",
@@ -989,6 +1008,9 @@ def main(argv: list[str] | None = None) -> int:
             record("w2a", d["rate"], d)
             record("w2a_cpu", d["cpu_ms_per_task"], {})
             record("w2a_wtx", d["write_txns_per_task"], {})
+        if "W2A-LIMITS" in only:
+            d = drain(n, 1, limits=True)
+            record("w2a_limits", d["rate"], d)
         if "W2A-ASYNC" in only:
             d = drain(n, 1, async_claims=True)
             record("w2a_async", d["rate"], d)

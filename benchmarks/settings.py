@@ -1,5 +1,6 @@
 """Settings of the benchmark: DATABASE_URL, or an embedded server in .pgdata/bench."""
 
+import json
 import os
 from pathlib import Path
 
@@ -33,6 +34,16 @@ PGQUEUE = {
     "PREFETCH": int(os.environ["PGQUEUE_BENCH_PREFETCH"])
     if os.environ.get("PGQUEUE_BENCH_PREFETCH")
     else None,
+    # W2a-limits: a concurrency and a rate limit on the drained queue that never bind
+    # (the drain runs at most CONCURRENCY x 4 tasks and some 20,000/s): their cost alone.
+    # PGQUEUE_BENCH_LIMITS may also be the JSON of the default queue's limits.
+    "QUEUE_LIMITS": {
+        "default": json.loads(os.environ["PGQUEUE_BENCH_LIMITS"])
+        if os.environ["PGQUEUE_BENCH_LIMITS"] != "1"
+        else {"concurrency": 1000, "rate": "1000000/s"}
+    }
+    if os.environ.get("PGQUEUE_BENCH_LIMITS")
+    else {},
 }
 
 LOGGING = {

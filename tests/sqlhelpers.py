@@ -44,7 +44,7 @@ def claim(
 
 
 def settle(conn: psycopg.Connection, outcomes: list[dict[str, Any]]) -> dict[int, str]:
-    params = {"outcomes": json.dumps(outcomes), "wake_queues": []}
+    params = {"outcomes": json.dumps(outcomes), "limit_queues": [], "limit_concurrency": []}
     rows = conn.execute(QUERIES["settle"], params).fetchall()
     return {r[0]: r[3] for r in rows}
 

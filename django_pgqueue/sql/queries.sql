@@ -397,7 +397,7 @@ SELECT count(pg_advisory_xact_lock(1885827330, h))
 
 
 -- name: limit_state
--- After a limited claim came back short, in its transaction: why. Per limited queue,
+-- After a claim of a rate-limited lane came back short: why. Per limited queue,
 -- whether it still has pending rows of the worker's routes (one probe of
 -- pgqueue_task_claim per route), its running rows (pgqueue_task_running), and when its
 -- rate budget allows the next start (seconds from now; <= 0: now). The claimer parks
@@ -464,9 +464,14 @@ RETURNING q.paused, q.paused_tasks::text AS paused_tasks,
 
 
 -- name: queue_pauses
--- Every queue's pause state (the overview, metrics, pgqueue_status). pgqueue_queue has
--- one row per queue: no index needed.
-SELECT name AS queue, paused, paused_tasks::text AS paused_tasks, paused_at
+-- Every queue's pause state (the overview, metrics, pgqueue_status), and its rate
+-- budget: rate_tat_in is how far the rate limit's theoretical arrival time lies ahead
+-- of the database's now(), in seconds (NULL: never rated), so that a reader with any
+-- clock can tell whether the queue is out of budget (rate_tat_in > (burst - 1) *
+-- interval, as the claim's room says). pgqueue_queue has one row per queue: no index
+-- needed.
+SELECT name AS queue, paused, paused_tasks::text AS paused_tasks, paused_at,
+       EXTRACT(EPOCH FROM rate_tat - now())::float8 AS rate_tat_in
   FROM pgqueue_queue
  ORDER BY name;
 
@@ -566,9 +571,10 @@ SELECT pg_advisory_unlock_shared(1885827329, c) FROM unnest(%(channels)s::int[])
 -- * Each settlement appends an executions entry with the lease token (source
 --   'settle'): a settle replayed after its reply was lost recognises its own earlier
 --   write by it (settle_check). The history keeps the last 100 executions.
--- * Rows made due again send a wake-up, and so does every settlement in a queue of
---   %(wake_queues)s (concurrency-limited, or with per-key limits): a running task that
---   ended frees room that workers parked at the limit are waiting for.
+-- * Rows made due again send a wake-up. So does a settlement that frees room workers
+--   may be parked for: in a queue of %(limit_queues)s that was at its concurrency limit
+--   (%(limit_concurrency)s) when the statement began (a count of pgqueue_task_running;
+--   below the limit nobody waits for room), or of a row with a concurrency_key.
 WITH v AS (
     SELECT *
       FROM jsonb_to_recordset(%(outcomes)s::jsonb) AS v(
@@ -616,10 +622,19 @@ settled AS (
       FROM mine AS m, v
      WHERE t.id = m.id
        AND v.id = m.id AND v.attempt = m.held_attempt AND v.token = m.held_token
-    RETURNING t.id, m.held_attempt, m.held_token, t.queue, t.state
+    RETURNING t.id, m.held_attempt, m.held_token, t.queue, t.state, t.concurrency_key
+),
+at_limit AS MATERIALIZED (
+    SELECT l.queue
+      FROM unnest(%(limit_queues)s::text[], %(limit_concurrency)s::int[])
+           AS l(queue, concurrency)
+     WHERE (SELECT count(*)
+              FROM pgqueue_task AS t
+             WHERE t.state = 'running' AND t.queue = l.queue) >= l.concurrency
 )
 SELECT id, held_attempt AS attempt, held_token::text AS token, state,
-       CASE WHEN state IN ('pending', 'scheduled') OR queue = ANY (%(wake_queues)s::text[])
+       CASE WHEN state IN ('pending', 'scheduled') OR concurrency_key IS NOT NULL
+                 OR queue IN (SELECT queue FROM at_limit)
             THEN pg_notify('pgqueue_' || (hashtext(queue) & 63), queue)::text END AS notified
   FROM settled;
 

@@ -72,9 +72,14 @@ def connection_params(alias: str) -> dict[str, Any]:
         # PostgreSQL would otherwise re-plan the claim on every execution (its custom
         # plans look cheaper than the generic one), which costs more than the claim.
         options.append("-c plan_cache_mode=force_generic_plan")
+    dead_after = get_settings().DEAD_CONNECTION_TIMEOUT
+    # A worker session is idle inside a transaction only between the statements of a
+    # limited claim, for microseconds; one idle there longer lost its worker (a host
+    # gone without closing its socket) and would hold the queue's claim lock for every
+    # other worker until the server's TCP keepalive: the server ends it instead.
+    options.append(f"-c idle_in_transaction_session_timeout={math.ceil(dead_after * 1000)}")
     extra = " ".join(options)
     params["options"] = f"{params['options']} {extra}" if params.get("options") else extra
-    dead_after = get_settings().DEAD_CONNECTION_TIMEOUT
     # libpq waits at least 2 s whatever it is told.
     params.setdefault("connect_timeout", max(2, math.ceil(min(dead_after, MAX_CONNECT_TIMEOUT))))
     # A socket whose packets are lost (a failover without a RST, a NAT that forgot the

@@ -59,11 +59,15 @@ class Settler:
         inflight: InFlight,
         stats: WorkerStats,
         worker_id: str = "",
-        wake_queues: list[str] | None = None,
+        concurrency_limits: dict[str, int] | None = None,
     ) -> None:
         self._inflight = inflight
-        # Queues whose every settlement notifies (limited: an ended task frees room).
-        self._wake_queues = sorted(wake_queues or [])
+        # Queue -> concurrency limit: a settlement in a queue at its limit notifies.
+        limits = sorted((concurrency_limits or {}).items())
+        self._limit_params = {
+            "limit_queues": [queue for queue, _ in limits],
+            "limit_concurrency": [limit for _, limit in limits],
+        }
         self._stats = stats
         self._worker_id = worker_id
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
@@ -166,7 +170,7 @@ class Settler:
         payload = "[" + ",".join(_row_json(o) for o in batch) + "]"
         rows = self.session.call(
             lambda conn: conn.execute(
-                QUERIES["settle"], {"outcomes": payload, "wake_queues": self._wake_queues}
+                QUERIES["settle"], {"outcomes": payload, **self._limit_params}
             ).fetchall()
         )
         return {Lease(r[0], r[1], r[2]): r[3] for r in rows}
