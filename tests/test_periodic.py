@@ -18,6 +18,7 @@ import pytest
 from django.contrib.auth.models import Permission
 from django.core.exceptions import ImproperlyConfigured
 from django.core.management import call_command
+from django.db import connections as django_connections
 from django.urls import reverse
 
 from django_pgqueue import InvalidTaskError, periodic
@@ -29,7 +30,9 @@ from django_pgqueue.ticks import ON_TIME, Cron, Every, due
 from django_pgqueue.worker.connection import connect
 from django_pgqueue.worker.scheduler import tick_params
 from tests import periodic_tasks
-from tests.conftest import wait_until
+from tests.conftest import server_address, url_through, wait_until
+from tests.faultproxy import ReplyLosingProxy
+from tests.test_faults import statement_marker
 
 PARIS = ZoneInfo("Europe/Paris")
 SCHEDULES = reverse("admin:django_pgqueue_schedule_changelist")
@@ -476,6 +479,32 @@ def test_a_schedule_removed_from_the_code_stops_firing(pg, start_worker):
     )
 
     assert [t for t in ticks_of("to_remove") if t > redeployed] == []
+
+
+@pytest.fixture
+def lossy(db_url: str):
+    """A proxy in front of the test database that can lose one statement's reply."""
+    settings = django_connections["default"].settings_dict
+    proxy = ReplyLosingProxy(server_address(settings))
+    proxy.url = url_through(settings, proxy.port)
+    yield proxy
+    proxy.close()
+
+
+def test_a_tick_whose_reply_was_lost_after_it_committed_is_not_enqueued_again(lossy, start_worker):
+    # The worker's connection drops after the server committed a tick: it reconnects
+    # and sends the same statement again, which finds its tick taken.
+    lossy.lose_reply_to(statement_marker("enqueue_tick"))
+    worker = start_worker(env=schedules_env("every_second"), database_url=lossy.url)
+    assert lossy.fired.wait(10), "the worker never enqueued a tick"
+
+    wait_until(lambda: len(ticks_of("every_second")) >= 4, timeout=10, message="four ticks")
+
+    assert "scheduler: database unavailable" in worker.log()
+
+    ticks = ticks_of("every_second")
+    assert len(ticks) == len(set(ticks)), "a tick was enqueued twice"
+    assert all(later - earlier == timedelta(seconds=1) for earlier, later in pairwise(ticks))
 
 
 def test_a_worker_fires_only_the_schedules_of_its_queues(pg, start_worker):
