@@ -72,6 +72,8 @@ DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 PGQUEUE = {
     "QUEUES": ["default", "emails"],
+    # The email provider takes 4 sends a second, however many workers run (docs/limits.md).
+    "QUEUE_LIMITS": {"emails": {"rate": "4/s"}},
 }
 
 LOGGING = {

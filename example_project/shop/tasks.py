@@ -4,7 +4,7 @@ import time
 
 from django.utils import timezone
 
-from django_pgqueue import Retry, TaskContext, task
+from django_pgqueue import Retry, TaskContext, periodic, task
 
 from .models import Order
 
@@ -34,3 +34,17 @@ def rebuild_report(context: TaskContext, days: int) -> dict:
         time.sleep(0.01)
         context.report_progress({"day": day + 1, "of": days})
     return {"days": days, "attempt": context.attempt}
+
+
+@task(queue="emails")
+def send_newsletter(subscriber: int) -> str:
+    """On the rate-limited "emails" queue (settings.PGQUEUE["QUEUE_LIMITS"]): the email
+    provider allows a few sends per second, across every worker."""
+    return f"newsletter sent to subscriber {subscriber}"
+
+
+@periodic(every=1)
+@task
+def tick_clock() -> str:
+    """A periodic task: enqueued once per second across the whole fleet (docs/periodic.md)."""
+    return f"tick at {timezone.now():%H:%M:%S}"

@@ -11,7 +11,13 @@ from django.db import transaction
 from django_pgqueue.models import TERMINAL_STATES, Task
 from django_pgqueue.worker.worker import Worker, WorkerOptions
 from example_project.shop.models import Order
-from example_project.shop.tasks import flaky_sync, rebuild_report, send_receipt
+from example_project.shop.tasks import (
+    flaky_sync,
+    rebuild_report,
+    send_newsletter,
+    send_receipt,
+    tick_clock,
+)
 
 
 class Command(BaseCommand):
@@ -30,6 +36,8 @@ class Command(BaseCommand):
                 ids.append(send_receipt.enqueue(order.id))
                 ids.append(flaky_sync.enqueue(order.id))
         ids.append(rebuild_report.using(priority=5).enqueue(days=5))
+        newsletters = send_newsletter.enqueue_many(range(1, 9))
+        ids.extend(newsletters)
         try:
             with transaction.atomic():
                 order = Order.objects.create(customer_email="rollback@example.com", total_cents=1)
@@ -45,9 +53,15 @@ class Command(BaseCommand):
         worker = Worker(WorkerOptions.from_settings(queues=["default", "emails"]))
         thread = threading.Thread(target=worker.run, kwargs={"install_signals": False})
         thread.start()
-        deadline = time.monotonic() + 60
+        started = time.monotonic()
+        deadline = started + 60
+        ticks = Task.objects.filter(task_name=tick_clock.name, state="succeeded")
+        ticks_before = ticks.count()
         try:
-            while Task.objects.filter(pk__in=ids).exclude(state__in=TERMINAL_STATES).exists():
+            while (
+                Task.objects.filter(pk__in=ids).exclude(state__in=TERMINAL_STATES).exists()
+                or ticks.count() < ticks_before + 2
+            ):
                 if time.monotonic() > deadline:
                     raise CommandError("the demo tasks did not finish within 60 s")
                 time.sleep(0.05)
@@ -65,6 +79,20 @@ class Command(BaseCommand):
                 f"{row.pk:>4}  {row.task_name.rsplit('.', 1)[-1]:<16} "
                 f"{row.state:<11} {row.attempt:>8}  {outcome}"
             )
+        sends = list(
+            Task.objects.filter(pk__in=newsletters).order_by("started_at")
+            .values_list("started_at", flat=True)
+        )  # fmt: skip
+        gaps = ", ".join(f"{(b - a).total_seconds():.2f}" for a, b in zip(sends, sends[1:]))
+        self.stdout.write(
+            f"\n{len(sends)} newsletters on the rate-limited 'emails' queue (4/s) started "
+            f"{gaps} s apart"
+        )
+        recent = ticks.order_by("-id")[: ticks.count() - ticks_before]
+        self.stdout.write(
+            f"the periodic task {tick_clock.name} (every second) ran "
+            f"{len(recent)} times: {', '.join(str(t.result) for t in reversed(recent))}"
+        )
         rows = list(Task.objects.filter(pk__in=ids))
         done = sum(1 for row in rows if row.state == "succeeded")
         retried = sum(1 for row in rows if row.errors)
