@@ -1,6 +1,7 @@
 """``manage.py demo``: migrate, enqueue a handful of tasks, run a worker until they are
 done, and print what happened. The README's first command."""
 
+import itertools
 import threading
 import time
 
@@ -83,7 +84,7 @@ class Command(BaseCommand):
             Task.objects.filter(pk__in=newsletters).order_by("started_at")
             .values_list("started_at", flat=True)
         )  # fmt: skip
-        gaps = ", ".join(f"{(b - a).total_seconds():.2f}" for a, b in zip(sends, sends[1:]))
+        gaps = ", ".join(f"{(b - a).total_seconds():.2f}" for a, b in itertools.pairwise(sends))
         self.stdout.write(
             f"\n{len(sends)} newsletters on the rate-limited 'emails' queue (4/s) started "
             f"{gaps} s apart"
