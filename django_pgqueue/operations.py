@@ -72,13 +72,12 @@ def resume(queue: str, task_name: str | None = None) -> bool:
 
 def pauses() -> dict[str, dict[str, Any]]:
     """Per queue with a row: ``{"paused": bool, "paused_tasks": [names], "paused_at":
-    datetime | None}``."""
-    with connections[get_settings().DATABASE].cursor() as cursor:
-        cursor.execute(QUERIES["queue_pauses"])
-        return {
-            queue: {"paused": paused, "paused_tasks": json.loads(tasks), "paused_at": at}
-            for queue, paused, tasks, at in cursor.fetchall()
-        }
+    datetime | None, "rate_tat_in": float | None}`` (rate_tat_in: seconds from the
+    database's now() to the rate limit's theoretical arrival time; see queue_pauses)."""
+    return {
+        row.pop("queue"): {**row, "paused_tasks": json.loads(row["paused_tasks"])}
+        for row in _dicts("queue_pauses", {})
+    }
 
 
 def queue_overview() -> list[dict[str, Any]]:
