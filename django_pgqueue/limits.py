@@ -54,6 +54,14 @@ class Rate:
     def __str__(self) -> str:
         return f"{self.count}/{self.seconds:g}s"
 
+    @property
+    def label(self) -> str:
+        """As an operator would write it: ``100/m``, ``10/s``, ``5/30s``."""
+        for unit, seconds in (("d", 86400), ("h", 3600), ("m", 60), ("s", 1)):
+            if self.seconds == seconds:
+                return f"{self.count}/{unit}"
+        return f"{self.count}/{self.seconds:g}s"
+
 
 @dataclass(frozen=True)
 class QueueLimit:

@@ -1,15 +1,17 @@
 """The queue overview: the numbers of the admin page, grouped, and its chart.
 
-Three index-backed reads (``operations.queue_overview``, ``queue_capacity`` and
-``queue_history``), then plain Python. The chart is an inline SVG whose geometry is
-computed here: no JavaScript, no build step.
+Four reads (the index-backed ``operations.queue_overview``, ``queue_capacity`` and
+``queue_history``, and the queues' pauses and rate budgets, ``operations.pauses``),
+then plain Python. What is throttled (held back by a pause or a limit) is decided here,
+once, for the admin page, ``pgqueue_status`` and the metrics. The chart is an inline SVG
+whose geometry is computed here: no JavaScript, no build step.
 """
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.db.models import Count, Sum
@@ -18,6 +20,7 @@ from django.utils import timezone
 
 from django_pgqueue import operations
 from django_pgqueue.conf import get_settings
+from django_pgqueue.limits import QueueLimit, queue_limits
 from django_pgqueue.models import Worker
 
 
@@ -52,9 +55,26 @@ COUNTS = (
 )
 
 
+# Why due tasks are held back, as the claim decides it (sql: claim): the queue is
+# paused, it runs as many tasks as its concurrency limit allows, or its rate budget is
+# spent (QUEUE_LIMITS); or the task name is paused within the queue.
+HOLDS = {
+    "paused": "paused",
+    "concurrency": "at its concurrency limit",
+    "rate": "out of rate budget",
+    "task_paused": "task paused",
+}
+
+
 @dataclass
 class QueueGroup:
-    """One queue: its task rows, their totals, and the live workers serving it."""
+    """One queue: its task rows, their totals, the live workers serving it, its pause
+    and limits, and what holds its due tasks back now (``held_by``, keys of HOLDS).
+
+    Each row gains ``paused`` (its task name is paused), ``held_by`` and ``throttled``:
+    its routable due tasks that no claim takes while a hold lasts. Unroutable tasks are
+    counted as unroutable, never as throttled.
+    """
 
     name: str
     rows: list[dict[str, Any]] = field(default_factory=list)
@@ -62,6 +82,20 @@ class QueueGroup:
     workers: int = 0
     slots: int = 0
     in_flight: int = 0
+    paused: bool = False
+    paused_tasks: list[str] = field(default_factory=list)
+    paused_at: datetime | None = None
+    limit: QueueLimit | None = None
+    held_by: list[str] = field(default_factory=list)
+
+    @property
+    def limits(self) -> dict[str, Any]:
+        """``{"concurrency": N | None, "rate": "100/m" | None}``."""
+        limit = self.limit or QueueLimit(self.name)
+        return {
+            "concurrency": limit.concurrency,
+            "rate": limit.rate.label if limit.rate else None,
+        }
 
 
 def _totals(rows: list[dict[str, Any]]) -> dict[str, Any]:
@@ -71,9 +105,28 @@ def _totals(rows: list[dict[str, Any]]) -> dict[str, Any]:
     return totals
 
 
+def _queue_holds(group: QueueGroup, rate_tat_in: float | None) -> list[str]:
+    """What holds every due task of the queue back now (the claim's room is 0)."""
+    held = ["paused"] if group.paused else []
+    limit = group.limit
+    if limit and limit.concurrency is not None and group.totals["running"] >= limit.concurrency:
+        held.append("concurrency")
+    # Out of budget while rate_tat - (burst - 1) * interval > now() (limits.py, GCRA).
+    rate = limit.rate if limit else None
+    if rate and rate_tat_in is not None and rate_tat_in > (rate.burst - 1) * rate.interval:
+        held.append("rate")
+    return held
+
+
 def group_by_queue(
-    overview: list[dict[str, Any]], capacity: list[dict[str, Any]]
+    overview: list[dict[str, Any]],
+    capacity: list[dict[str, Any]],
+    pauses: dict[str, dict[str, Any]],
+    limits: dict[str, QueueLimit],
 ) -> list[QueueGroup]:
+    """One group per queue with tasks, live workers, or a pause (of the queue or of a
+    task name in it), from ``operations.queue_overview``, ``queue_capacity`` and
+    ``pauses``, and the limits of ``QUEUE_LIMITS``."""
     groups: dict[str, QueueGroup] = {}
     for row in overview:
         groups.setdefault(row["queue"], QueueGroup(row["queue"])).rows.append(row)
@@ -84,8 +137,25 @@ def group_by_queue(
             row["slots"],
             row["in_flight"],
         )
+    for queue, pause in pauses.items():
+        if pause["paused"] or pause["paused_tasks"] or queue in groups:
+            group = groups.setdefault(queue, QueueGroup(queue))
+            group.paused, group.paused_tasks = pause["paused"], pause["paused_tasks"]
+            group.paused_at = pause["paused_at"]
     for group in groups.values():
+        group.limit = limits.get(group.name)
         group.totals = _totals(group.rows)
+        group.held_by = _queue_holds(group, pauses.get(group.name, {}).get("rate_tat_in"))
+        unthrottled_ages = []
+        for row in group.rows:
+            row["paused"] = row["task_name"] in group.paused_tasks
+            row["held_by"] = [*group.held_by, *(["task_paused"] if row["paused"] else [])]
+            row["throttled"] = row["pending_routable"] if row["held_by"] else 0
+            if not row["held_by"] and row["oldest_due_seconds"] is not None:
+                unthrottled_ages.append(row["oldest_due_seconds"])
+        group.totals["throttled"] = sum(row["throttled"] for row in group.rows)
+        # What the starvation alerts watch: a paused or throttled task is never stuck.
+        group.totals["oldest_unthrottled_seconds"] = max(unthrottled_ages, default=None)
     return [groups[name] for name in sorted(groups)]
 
 
@@ -168,10 +238,12 @@ def build_overview(minutes: int = 60) -> dict[str, Any]:
     started = time.perf_counter()
     overview = operations.queue_overview()
     capacity = operations.queue_capacity()
+    pauses = operations.pauses()
     history = operations.queue_history(minutes)
     elapsed_ms = (time.perf_counter() - started) * 1000
-    queues = group_by_queue(overview, capacity)
+    queues = group_by_queue(overview, capacity, pauses, queue_limits())
     totals = _totals(overview)
+    totals["throttled"] = sum(queue.totals["throttled"] for queue in queues)
     # A worker serving several queues is in several groups: count each one once.
     totals.update(
         Worker.objects.filter(

@@ -50,14 +50,15 @@ def test_status_prints_a_row_per_queue_and_task_with_its_counts():
 
 
 @pytest.mark.django_db
-def test_status_json_is_the_overview_and_the_worker_capacity():
+def test_status_json_is_the_overview_and_each_queues_capacity():
     dead()
 
     document = json.loads(run("pgqueue_status", "--json"))
 
     [row] = document["tasks"]
     assert (row["queue"], row["task_name"], row["failed"]) == ("default", "tests.tasks.noop", 1)
-    assert document["queues"] == []
+    [queue] = document["queues"]
+    assert (queue["queue"], queue["workers"], queue["slots"]) == ("default", 0, 0)
     assert "generated_at" in document
 
 

@@ -10,7 +10,8 @@ from django.core.management.base import BaseCommand, CommandError
 from django.utils import timezone
 
 from django_pgqueue import operations
-from django_pgqueue.overview import group_by_queue, humanize_seconds
+from django_pgqueue.limits import queue_limits
+from django_pgqueue.overview import HOLDS, QueueGroup, group_by_queue, humanize_seconds
 from django_pgqueue.periodic import schedules
 
 COLUMNS = (
@@ -26,6 +27,7 @@ COLUMNS = (
     ("done 1h", "completed_1h"),
     ("failed 5m", "failed_5m"),
     ("failed 1h", "failed_1h"),
+    ("throttled", "throttled"),
 )
 CLEAR = "\x1b[H\x1b[2J"  # cursor home, clear screen: --watch redraws in place
 
@@ -33,7 +35,8 @@ CLEAR = "\x1b[H\x1b[2J"  # cursor home, clear screen: --watch redraws in place
 class Command(BaseCommand):
     help = (
         "Show per queue and task name: due (routable / unroutable), scheduled, running, "
-        "dead letters, oldest due age, and what finished in the last 5 minutes and hour."
+        "dead letters, oldest due age, what finished in the last 5 minutes and hour, and "
+        "what is throttled; per queue: live workers, pause and limits."
     )
 
     def add_arguments(self, parser):
@@ -73,22 +76,45 @@ class Command(BaseCommand):
 
 
 def read_status() -> dict[str, Any]:
+    """``tasks``: the rows of ``queue_overview()``, each with ``paused`` (its task name
+    is), ``held_by`` and ``throttled`` (overview.QueueGroup); ``queues``: one entry per
+    queue with tasks, live workers or a pause (``_queue``)."""
+    groups = group_by_queue(
+        operations.queue_overview(),
+        operations.queue_capacity(),
+        operations.pauses(),
+        queue_limits(),
+    )
     return {
         "generated_at": timezone.now().isoformat(timespec="seconds"),
-        "tasks": operations.queue_overview(),
-        "queues": operations.queue_capacity(),
+        "tasks": [row for group in groups for row in group.rows],
+        "queues": [_queue(group) for group in groups],
         "schedules": schedules(),
+    }
+
+
+def _queue(group: QueueGroup) -> dict[str, Any]:
+    return {
+        "queue": group.name,
+        "workers": group.workers,
+        "slots": group.slots,
+        "in_flight": group.in_flight,
+        "running": group.totals["running"],
+        "paused": group.paused,
+        "paused_tasks": group.paused_tasks,
+        "paused_at": group.paused_at,
+        "limits": group.limits,
+        "held_by": group.held_by,
+        "throttled": group.totals["throttled"],
     }
 
 
 def render_table(snapshot: dict[str, Any]) -> str:
     header = ["queue", "task", *(title for title, _ in COLUMNS)]
     lines: list[list[str]] = []
-    groups = group_by_queue(snapshot["tasks"], snapshot["queues"])
-    for group in groups:
-        for row in group.rows:
-            task = f"{row['task_name']}@{row['handler_version']}"
-            lines.append([group.name, task, *(_cell(row, key) for _, key in COLUMNS)])
+    for row in snapshot["tasks"]:
+        task = f"{row['task_name']}@{row['handler_version']}"
+        lines.append([row["queue"], task, *(_cell(row, key) for _, key in COLUMNS)])
     widths = [
         max(len(str(cell)) for cell in column) for column in zip(header, *lines, strict=False)
     ]
@@ -97,14 +123,7 @@ def render_table(snapshot: dict[str, Any]) -> str:
     if not lines:
         out.append("(no pending, running or dead tasks, and none finished in the last hour)")
     out.append("")
-    if groups:
-        out.append(
-            "workers: "
-            + "; ".join(
-                f"{g.name}: {g.workers} live, {g.slots} slots, {g.in_flight} in flight"
-                for g in groups
-            )
-        )
+    out += _queue_lines(snapshot["queues"])
     out += _schedule_lines(snapshot.get("schedules") or [])
     out.append(f"at {snapshot['generated_at']}")
     return "\n".join(out)
@@ -136,6 +155,49 @@ def _left_aligned(cells: list[str], widths: list[int]) -> str:
 
 def _moment(value: Any) -> str:
     return value.isoformat(timespec="seconds") if value is not None else "-"
+
+
+def _queue_lines(queues: list[dict[str, Any]]) -> list[str]:
+    """Per queue: live workers, pause, limits and what holds its due tasks back."""
+    if not queues:
+        return []
+    header = ["queue", "workers", "slots", "in flight", "paused", "limits", "held back",
+              "throttled"]  # fmt: skip
+    lines = [
+        [q["queue"], str(q["workers"]), str(q["slots"]), str(q["in_flight"]), _paused(q),
+         _limits(q), ", ".join(HOLDS[key] for key in q["held_by"]) or "-", str(q["throttled"])]
+        for q in queues
+    ]  # fmt: skip
+    widths = [max(len(cell) for cell in column) for column in zip(header, *lines, strict=False)]
+    text = {0, 4, 5, 6}  # left-aligned; the counts right-aligned
+    return [
+        "  ".join(
+            cell.ljust(width) if index in text else cell.rjust(width)
+            for index, (cell, width) in enumerate(zip(cells, widths, strict=True))
+        ).rstrip()
+        for cells in (header, ["-" * w for w in widths], *lines)
+    ]
+
+
+def _paused(queue: dict[str, Any]) -> str:
+    parts = ["queue"] if queue["paused"] else []
+    if queue["paused_tasks"]:
+        parts.append("tasks " + ", ".join(queue["paused_tasks"]))
+    if not parts:
+        return "-"
+    if queue["paused_at"] is not None:
+        parts[-1] += timezone.localtime(queue["paused_at"]).strftime(" since %Y-%m-%d %H:%M:%S")
+    return "; ".join(parts)
+
+
+def _limits(queue: dict[str, Any]) -> str:
+    limits = queue["limits"]
+    parts = []
+    if limits["concurrency"] is not None:
+        parts.append(f"concurrency {limits['concurrency']} ({queue['running']} running)")
+    if limits["rate"] is not None:
+        parts.append(f"rate {limits['rate']}")
+    return ", ".join(parts) or "-"
 
 
 def _cell(row: dict[str, Any], key: str) -> str:
