@@ -8,14 +8,15 @@ Two sources, served by two kinds of process (docs/metrics.md lists every metric)
   and ``watch_worker``.
 * ``QueueCollector`` reads the queue from the database (pending, unroutable,
   scheduled, running, waiting and dead tasks by queue and task name; the ages of the
-  oldest due task and of the oldest running attempt, live workers and slots by queue).
+  oldest due task and of the oldest running attempt, live workers and slots by queue;
+  pauses, concurrency limits and throttled tasks, as overview.group_by_queue decides).
   With ``PGQUEUE["QUEUE_METRICS"]`` (the default) the app registers it in
   prometheus_client's default registry at startup, which is what django-prometheus
   serves from the web process. A worker serves it too only with
   ``PGQUEUE["WORKER_QUEUE_METRICS"]``. Scrapes cannot hammer the database: the
   collector reads at most once per ``METRICS_CACHE_SECONDS`` (concurrent scrapes share
   one read), through the index-backed ``queue_overview`` and ``queue_capacity``
-  statements, under a statement timeout.
+  statements and ``queue_pauses`` (one row per queue), under a statement timeout.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from django_pgqueue.conf import get_settings
+from django_pgqueue.limits import queue_limits
 
 if TYPE_CHECKING:
     from django_pgqueue.worker.worker import Worker
@@ -216,6 +218,25 @@ _QUEUE_GAUGES = (
     ),
     ("workers", "pgqueue_queue_workers", "Live workers serving the queue"),
     ("slots", "pgqueue_queue_slots", "Handler slots of the live workers serving the queue"),
+    ("paused", "pgqueue_queue_paused", "1 while the queue is paused, else 0"),
+    (
+        "throttled",
+        "pgqueue_queue_throttled",
+        "Due routable tasks held back by a pause (of the queue or of their task name) or "
+        "by a limit (the queue at its concurrency limit, or out of rate budget)",
+    ),
+    (
+        "oldest_unthrottled_seconds",
+        "pgqueue_queue_oldest_unthrottled_seconds",
+        "Age of the oldest due task of the queue that no pause or limit holds back (0 "
+        "when there is none): what the starvation alerts watch",
+    ),
+)
+# Only for the queues (and task names) they apply to.
+_TASK_PAUSED = ("pgqueue_task_paused", "1 while the task name is paused in the queue")
+_CONCURRENCY_LIMIT = (
+    "pgqueue_queue_concurrency_limit",
+    "The queue's fleet-wide concurrency limit (QUEUE_LIMITS)",
 )
 
 
@@ -235,6 +256,8 @@ class QueueCollector(Collector):
             yield GaugeMetricFamily(name, documentation, labels=["queue", "task_name"])
         for _key, name, documentation in _QUEUE_GAUGES:
             yield GaugeMetricFamily(name, documentation, labels=["queue"])
+        yield GaugeMetricFamily(*_TASK_PAUSED, labels=["queue", "task_name"])
+        yield GaugeMetricFamily(*_CONCURRENCY_LIMIT, labels=["queue"])
         yield GaugeMetricFamily("pgqueue_queue_metrics_up", "1 if the last read succeeded")
 
     def collect(self) -> Iterable[Metric]:
@@ -248,21 +271,21 @@ class QueueCollector(Collector):
 
     def _read(self) -> list[Metric]:
         try:
-            overview, capacity = self._query()
+            overview, capacity, pauses = self._query()
         except Exception:
             logger.exception("queue metrics: could not read the queue from the database")
             return [
                 GaugeMetricFamily("pgqueue_queue_metrics_up", "1 if the last read succeeded", 0)
             ]
         return [
-            *queue_metric_families(overview, capacity),
+            *queue_metric_families(overview, capacity, pauses),
             GaugeMetricFamily("pgqueue_queue_metrics_up", "1 if the last read succeeded", 1),
         ]
 
-    def _query(self) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    def _query(self) -> tuple[list[dict[str, Any]], list[dict[str, Any]], dict[str, Any]]:
         from django.db import connections, transaction
 
-        from django_pgqueue.operations import queue_capacity, queue_overview
+        from django_pgqueue.operations import pauses, queue_capacity, queue_overview
 
         alias = get_settings().DATABASE
         connection = connections[alias]
@@ -278,6 +301,7 @@ class QueueCollector(Collector):
                 )
                 overview = queue_overview()
                 capacity = queue_capacity()
+                queue_pauses = pauses()
                 if nested:  # inside the caller's transaction: give its timeout back
                     cursor.execute("SELECT set_config('statement_timeout', %s, true)", [previous])
         finally:
@@ -285,13 +309,18 @@ class QueueCollector(Collector):
                 # Scrapes of a worker's /metrics come on short-lived threads, each with
                 # its own Django connection: do not leave one open per scrape.
                 connection.close()
-        return overview, capacity
+        return overview, capacity, queue_pauses
 
 
 def queue_metric_families(
-    overview: list[dict[str, Any]], capacity: list[dict[str, Any]]
+    overview: list[dict[str, Any]],
+    capacity: list[dict[str, Any]],
+    pauses: dict[str, dict[str, Any]],
 ) -> list[Metric]:
-    """The gauges for one read of ``queue_overview`` and ``queue_capacity``."""
+    """The gauges for one read of ``queue_overview``, ``queue_capacity`` and
+    ``pauses``, with the limits of QUEUE_LIMITS."""
+    from django_pgqueue.overview import group_by_queue
+
     task_families = {
         key: GaugeMetricFamily(name, documentation, labels=["queue", "task_name"])
         for key, name, documentation in _TASK_GAUGES
@@ -316,17 +345,28 @@ def queue_metric_families(
     for (queue, task_name), values in per_task.items():
         for key, family in task_families.items():
             family.add_metric([queue, task_name], values[key])
-    for row in capacity:
-        per_queue = per_queue_values(row["queue"])
-        per_queue["workers"] = row["workers"]
-        per_queue["slots"] = row["slots"]
+    limits = queue_limits()
+    task_paused = GaugeMetricFamily(*_TASK_PAUSED, labels=["queue", "task_name"])
+    for group in group_by_queue(overview, capacity, pauses, limits):
+        per_queue = per_queue_values(group.name)
+        per_queue["workers"] = group.workers
+        per_queue["slots"] = group.slots
+        per_queue["paused"] = int(group.paused)
+        per_queue["throttled"] = group.totals["throttled"]
+        per_queue["oldest_unthrottled_seconds"] = group.totals["oldest_unthrottled_seconds"] or 0.0
+        for task_name in group.paused_tasks:
+            task_paused.add_metric([group.name, task_name], 1)
+    concurrency_limit = GaugeMetricFamily(*_CONCURRENCY_LIMIT, labels=["queue"])
+    for queue, limit in sorted(limits.items()):
+        if limit.concurrency is not None:
+            concurrency_limit.add_metric([queue], limit.concurrency)
     queue_families = []
     for key, name, documentation in _QUEUE_GAUGES:
         family = GaugeMetricFamily(name, documentation, labels=["queue"])
         for queue, values in sorted(queue_values.items()):
             family.add_metric([queue], values[key])
         queue_families.append(family)
-    return [*task_families.values(), *queue_families]
+    return [*task_families.values(), *queue_families, task_paused, concurrency_limit]
 
 
 _queue_collector: QueueCollector | None = None

@@ -1,7 +1,9 @@
 """Prometheus metrics: the queue gauges (web process) and a worker's own /metrics."""
 
 import re
+import shutil
 import socket
+import subprocess
 import time
 import urllib.request
 import uuid
@@ -187,6 +189,19 @@ def test_the_alert_rules_use_only_metrics_that_exist():
     used = set(re.findall(r"\bpgqueue_[a-z_]+", rules))
 
     assert used and used <= exposed, sorted(used - exposed)
+
+
+@pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool is not installed")
+def test_the_alert_rules_pass_their_promtool_unit_tests():
+    result = subprocess.run(
+        ["promtool", "test", "rules", "prometheus-alerts.test.yml"],
+        cwd=REPO / "docs",
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+    assert result.returncode == 0, result.stdout + result.stderr
 
 
 # -- a worker's own /metrics ----------------------------------------------------------
