@@ -9,7 +9,8 @@ handler)", which a process-mode worker acts on), delete only matches finished ro
 Permissions are Django's model permissions, staff only (the admin site's login):
 viewing tasks, the overview and the workers needs ``view_task`` (or ``change_task``);
 retry, cancel and requeue need ``change_task``; delete needs ``delete_task``; removing
-stale worker rows needs ``delete_worker``.
+stale worker rows needs ``delete_worker``; pausing and resuming queues from the
+overview needs ``pause_queue`` (declared on the QueueOverview proxy).
 """
 
 from __future__ import annotations
@@ -37,7 +38,15 @@ from django.utils.safestring import mark_safe
 
 from django_pgqueue import operations
 from django_pgqueue.conf import get_settings
-from django_pgqueue.models import TERMINAL_STATES, QueueOverview, Task, TaskState, Worker
+from django_pgqueue.exceptions import InvalidTaskError
+from django_pgqueue.models import (
+    TERMINAL_STATES,
+    Queue,
+    QueueOverview,
+    Task,
+    TaskState,
+    Worker,
+)
 from django_pgqueue.overview import build_overview, humanize_seconds
 from django_pgqueue.registry import registry
 
@@ -65,6 +74,10 @@ def can_view_tasks(request: HttpRequest) -> bool:
     return request.user.has_perm("django_pgqueue.view_task") or request.user.has_perm(
         "django_pgqueue.change_task"
     )
+
+
+def can_pause_queues(request: HttpRequest) -> bool:
+    return request.user.has_perm("django_pgqueue.pause_queue")
 
 
 def _pretty_json(value: Any) -> str:
@@ -619,6 +632,47 @@ class QueueOverviewAdmin(admin.ModelAdmin):
     def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False
 
+    def get_urls(self):
+        pause = path(
+            "pause/",
+            self.admin_site.admin_view(self.pause_view),
+            name="django_pgqueue_queueoverview_pause",
+        )
+        return [pause, *super().get_urls()]
+
+    def pause_view(self, request: HttpRequest) -> HttpResponse:
+        """The overview's Pause / Resume buttons: POST queue, task_name (optional) and
+        action ("pause" or "resume"); needs ``pause_queue``."""
+        action = request.POST.get("action")
+        if request.method != "POST" or action not in ("pause", "resume"):
+            raise PermissionDenied("pause or resume a queue with a POST")
+        if not can_pause_queues(request):
+            raise PermissionDenied("pausing and resuming queues needs django_pgqueue.pause_queue")
+        queue = request.POST.get("queue", "")
+        task_name = request.POST.get("task_name") or None
+        what = f"task {task_name} in queue {queue}" if task_name else f"queue {queue}"
+        overview_url = reverse("admin:django_pgqueue_queueoverview_changelist")
+        try:
+            if action == "pause":
+                operations.pause(queue, task_name)
+                done = f"Paused {what}."
+                messages.success(
+                    request, f"{done} Every worker's next claim skips it; running tasks finish."
+                )
+            elif operations.resume(queue, task_name):
+                done = f"Resumed {what}."
+                messages.success(request, done)
+            else:
+                messages.warning(request, f"Queue {queue} was never paused: nothing to resume.")
+                return HttpResponseRedirect(overview_url)
+        except InvalidTaskError as exc:
+            messages.error(request, f"Not {action}d: {exc}")
+            return HttpResponseRedirect(overview_url)
+        # only(): last_escape_at may be -infinity, which Python's datetime cannot hold.
+        queues = list(Queue.objects.only("name").filter(pk=queue))
+        LogEntry.objects.log_actions(request.user.pk, queues, CHANGE, done)
+        return HttpResponseRedirect(overview_url)
+
     def changelist_view(self, request: HttpRequest, extra_context=None) -> HttpResponse:
         if not self.has_view_permission(request):
             raise PermissionDenied
@@ -651,6 +705,8 @@ class QueueOverviewAdmin(admin.ModelAdmin):
             "refresh": int(refresh) if refresh.isdigit() and int(refresh) >= 2 else None,
             "tasks_url": tasks_url,
             "workers_url": reverse("admin:django_pgqueue_worker_changelist"),
+            "can_pause": can_pause_queues(request),
+            "pause_url": reverse("admin:django_pgqueue_queueoverview_pause"),
             **(extra_context or {}),
         }
         return TemplateResponse(request, "admin/django_pgqueue/overview.html", context)

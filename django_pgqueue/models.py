@@ -167,11 +167,13 @@ class Task(models.Model):
 
 class QueueOverview(Task):
     """No table of its own: the admin's queue overview page hangs off this proxy, so
-    that the admin index links to it (see admin.py)."""
+    that the admin index links to it (see admin.py). Its one permission,
+    ``django_pgqueue.pause_queue``, lets an operator pause and resume queues there."""
 
     class Meta:
         proxy = True
         default_permissions = ()
+        permissions = [("pause_queue", "Can pause and resume queues and task names")]
         verbose_name = _("queue overview")
         verbose_name_plural = _("queue overview")
 

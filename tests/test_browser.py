@@ -159,3 +159,33 @@ def test_staff_see_the_overview_match_the_rows_retry_a_dead_task_and_others_are_
     response = page.goto(f"{live_server.url}/admin/django_pgqueue/queueoverview/")
     assert response.status == 403
     page.screenshot(path=str(ARTIFACTS / "admin-refused.png"))
+
+
+def test_an_operator_pauses_a_queue_from_the_overview_and_its_tasks_show_as_throttled(
+    live_server, browser_context, django_user_model
+):
+    make_staff(django_user_model, "pauser", "view_task", "pause_queue")
+    Worker.objects.create(
+        id="browser-worker",
+        hostname="ci",
+        pid=1,
+        concurrency=4,
+        queues=["default", "limited"],
+        routes=[["tests.tasks.noop", 1]],
+    )
+    TaskFactory.create_batch(3, run_at=timezone.now() - timedelta(minutes=3))
+    TaskFactory(queue="limited", state="running", attempt=1, last_attempted_at=timezone.now())
+    ARTIFACTS.mkdir(exist_ok=True)
+    page = browser_context.new_page()
+    log_in(page, live_server.url, "pauser")
+    page.goto(f"{live_server.url}/admin/django_pgqueue/queueoverview/")
+
+    page.click('tr.pgqueue-queue[data-queue="default"] button:text-is("Pause queue")')
+
+    page.wait_for_selector("ul.messagelist")
+    assert "Paused queue default." in page.inner_text("ul.messagelist")
+    queue_row = page.inner_text('tr.pgqueue-queue[data-queue="default"]')
+    assert "paused since" in queue_row and "Resume queue" in queue_row
+    assert cell(page, "tests.tasks.noop", "throttled") == 3
+    assert "concurrency 3 (1 running)" in page.inner_text('tr[data-queue="limited"]')
+    page.screenshot(path=str(ARTIFACTS / "admin-queue-paused.png"), full_page=True)

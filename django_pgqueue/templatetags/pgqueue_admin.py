@@ -9,7 +9,7 @@ from django import template
 from django.utils import formats, timezone
 from django.utils.text import capfirst
 
-from django_pgqueue.overview import humanize_seconds
+from django_pgqueue.overview import HOLDS, humanize_seconds
 
 register = template.Library()
 
@@ -18,6 +18,12 @@ register = template.Library()
 def pgqueue_age(seconds: float | None) -> str:
     """Seconds as ``4m 10s``; ``-`` for None."""
     return humanize_seconds(seconds)
+
+
+@register.filter
+def pgqueue_holds(keys: list[str]) -> str:
+    """What holds tasks back (keys of overview.HOLDS), in words."""
+    return ", ".join(HOLDS[key] for key in keys)
 
 
 @register.inclusion_tag("admin/date_hierarchy.html")
