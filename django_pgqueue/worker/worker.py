@@ -109,14 +109,14 @@ class Worker:
         self.limits = {q: lim for q, lim in queue_limits().items() if q in options.queues}
         key_limits = {(d.name, d.version): d.key_concurrency for d in definitions
                       if d.key_concurrency is not None}  # fmt: skip
-        # Where a settlement frees room another worker may be parked for.
-        wake_queues = [
-            q
-            for q in options.queues
-            if key_limits or (q in self.limits and self.limits[q].concurrency is not None)
-        ]
         self.settler = Settler(
-            self.alias, self.inflight, self.stats, self.worker_id, wake_queues=wake_queues
+            self.alias,
+            self.inflight,
+            self.stats,
+            self.worker_id,
+            concurrency_limits={
+                q: lim.concurrency for q, lim in self.limits.items() if lim.concurrency
+            },
         )
         self.slots = SlotPool(
             options.concurrency,
