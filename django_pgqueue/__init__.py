@@ -25,10 +25,18 @@ from django_pgqueue.exceptions import (
     LeaseLost,
     Retry,
     Snooze,
+    Suspend,
     TaskDoesNotExist,
     TaskNotRegistered,
 )
-from django_pgqueue.operations import cancel, get_task, pause, queue_overview, resume
+from django_pgqueue.operations import (
+    cancel,
+    get_task,
+    pause,
+    queue_overview,
+    resume,
+    signal,
+)
 from django_pgqueue.periodic import periodic
 from django_pgqueue.registry import TaskDefinition, call, task
 from django_pgqueue.retry import RetryPolicy
@@ -41,6 +49,7 @@ __all__ = [
     "Retry",
     "RetryPolicy",
     "Snooze",
+    "Suspend",
     "TaskContext",
     "TaskDefinition",
     "TaskDoesNotExist",
@@ -52,5 +61,6 @@ __all__ = [
     "periodic",
     "queue_overview",
     "resume",
+    "signal",
     "task",
 ]

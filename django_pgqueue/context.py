@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, NoReturn
 
 from asgiref.sync import sync_to_async
 from django.db import connections
 from django.utils import timezone
 
-from django_pgqueue.exceptions import LeaseLost
+from django_pgqueue.exceptions import _UNSET, InvalidTaskError, LeaseLost, Suspend
 from django_pgqueue.payload import check_json, dumps
 from django_pgqueue.sql import QUERIES
 
@@ -42,6 +43,12 @@ class TaskContext:
     metadata: dict[str, Any]
     lease_token: str
     database: str
+    # Every signal delivered to the task so far (name -> payload), and what made it
+    # pending again after it last waited (None if it did not wait): {"reason":
+    # "signal", "signal": name, "payload": ...}, {"reason": "timeout", ...}, or
+    # {"reason": "parents" | "child", "task": id, "state": ...} (docs/workflows.md).
+    signals: dict[str, Any] = field(default_factory=dict)
+    wake: dict[str, Any] | None = None
     # Set by the worker's heartbeat thread, read by the handler: plain flags suffice.
     _cancel_requested: bool = field(default=False, repr=False)
     _lease_lost: bool = field(default=False, repr=False)
@@ -83,6 +90,55 @@ class TaskContext:
         """Publish progress (any JSON value) for the admin and API readers."""
         self._fenced("save_progress", {"progress": dumps(check_json(progress, "progress"))})
 
+    @property
+    def timed_out(self) -> bool:
+        """True when this attempt started because a suspension's timeout passed."""
+        return bool(self.wake) and self.wake.get("reason") == "timeout"
+
+    def suspend(
+        self, signal: str, *, timeout: float | None = None, checkpoint: Any = _UNSET
+    ) -> NoReturn:
+        """Suspend until ``signal`` arrives or ``timeout`` seconds pass (raises Suspend)."""
+        raise Suspend(signal, timeout=timeout, checkpoint=checkpoint)
+
+    def wait_for(
+        self, *task_ids: int, timeout: float | None = None, checkpoint: Any = _UNSET
+    ) -> NoReturn:
+        """Suspend until every task in ``task_ids`` has ended (succeeded, failed or
+        cancelled), e.g. a child this handler just enqueued; the next attempt reads
+        their outcomes with ``parent_results()``. Fenced: raises LeaseLost if this
+        worker no longer owns the task, InvalidTaskError for an id with no task."""
+        ids = sorted({_task_id(i) for i in task_ids})
+        if not ids:
+            raise InvalidTaskError("wait_for needs at least one task id")
+        with connections[self.database].cursor() as cursor:
+            cursor.execute(QUERIES["wait_for_tasks"], {**self._fence_params(), "ids": ids})
+            found = {row[0] for row in cursor.fetchall()}
+            if not found:
+                cursor.execute(QUERIES["read_cancel_requested"], self._fence_params())
+                if cursor.fetchone() is None:
+                    self._lease_lost = True
+                    raise LeaseLost(self._lost_message())
+        missing = [i for i in ids if i not in found]
+        if missing:
+            raise InvalidTaskError(
+                f"wait_for: no task with id(s) {', '.join(map(str, missing))}"
+            )
+        raise Suspend.for_tasks(ids, timeout, checkpoint)
+
+    def parent_results(self) -> dict[int, dict[str, Any]]:
+        """The tasks this one waited for (its parents, and tasks it ``wait_for``-ed), by
+        id: ``{"task_name", "state", "result", "error"}`` (``error``: the last error's
+        message). Read when called, so a task that does not ask loads nothing. A parent
+        pruned by retention since is missing."""
+        with connections[self.database].cursor() as cursor:
+            cursor.execute(QUERIES["parent_results"], {"id": self.task_id})
+            return {
+                parent: {"task_name": name, "state": state, "result": _load(result),
+                         "error": error}
+                for parent, name, state, result, error in cursor.fetchall()
+            }  # fmt: skip
+
     def refresh_cancel_requested(self) -> bool:
         """Ask the database whether cancellation was requested; returns the answer."""
         with connections[self.database].cursor() as cursor:
@@ -118,8 +174,28 @@ class TaskContext:
         if row[0]:
             self._cancel_requested = True
 
+    async def aparent_results(self) -> dict[int, dict[str, Any]]:
+        return await sync_to_async(self.parent_results)()
+
+    async def await_for(
+        self, *task_ids: int, timeout: float | None = None, checkpoint: Any = _UNSET
+    ) -> NoReturn:
+        await sync_to_async(self.wait_for)(*task_ids, timeout=timeout, checkpoint=checkpoint)
+        raise AssertionError("unreachable")  # wait_for always raises
+
     def _lost_message(self) -> str:
         return (
             f"task {self.task_id} attempt {self.attempt}: the lease is no longer held by this "
             "worker (it expired and was recovered, or the task was settled); nothing was written"
         )
+
+
+def _task_id(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidTaskError(f"a task id is an int, not {value!r}")
+    return value
+
+
+def _load(value: Any) -> Any:
+    # Django's cursor hands jsonb over as text.
+    return json.loads(value) if isinstance(value, str) else value

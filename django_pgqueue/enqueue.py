@@ -82,6 +82,8 @@ def build_row(
         "unique_key": unique_key,
         "metadata": dumps(metadata),
         "concurrency_key": _check_key(concurrency_key, "concurrency_key"),
+        "after": list(opts.after),
+        "proceed": opts.after_failure == "run",
     }
 
 
@@ -150,6 +152,8 @@ def _check_key(key: Any, what: str) -> str | None:
 
 def _insert(alias: str, row: dict[str, Any]) -> tuple[int, datetime]:
     """INSERT one task; returns its id and enqueued_at (the live duplicate's, if any)."""
+    if row["after"]:
+        return _insert_after(alias, row)
     query = QUERIES["enqueue_unique" if row["unique_key"] else "enqueue"]
     with connections[alias].cursor() as cursor:
         cursor.execute(query, row)
@@ -163,6 +167,22 @@ def _insert(alias: str, row: dict[str, Any]) -> tuple[int, datetime]:
         # The conflicting row finished between the two statements: insert again.
         return _insert(alias, row)
     return existing[0], existing[1]
+
+
+def _insert_after(alias: str, row: dict[str, Any]) -> tuple[int, datetime]:
+    """INSERT a task that waits for others (``after=``)."""
+    with connections[alias].cursor() as cursor:
+        cursor.execute(QUERIES["enqueue_after"], row)
+        found = cursor.fetchone()
+        if found is not None:
+            return found[0], found[1]
+        cursor.execute(QUERIES["missing_tasks"], {"ids": row["after"]})
+        missing = [r[0] for r in cursor.fetchall()]
+    raise InvalidTaskError(
+        f"after: no task with id(s) {', '.join(map(str, missing))}; a task can only wait "
+        "for tasks that exist (enqueue the parents first, in the same transaction if you "
+        "like); nothing was enqueued"
+    )
 
 
 def insert(definition: TaskDefinition, args: Any, kwargs: dict[str, Any]) -> tuple[int, datetime]:
@@ -228,6 +248,13 @@ def enqueue_many(definition: TaskDefinition, calls: Iterable[Any]) -> list[int]:
     if not args_list:
         return []
     alias = database_alias()
+    if shared["after"]:
+        # Each row waits on its own edges: one statement per call.
+        return [
+            _insert(alias, {**shared, "args": dumps(a), "kwargs": dumps(k),
+                            **({"concurrency_key": keys_list[i]} if keyed else {})})[0]
+            for i, (a, k) in enumerate(zip(args_list, kwargs_list, strict=True))
+        ]  # fmt: skip
     if shared["unique_key"] is not None:
         first = {**shared, "args": dumps(args_list[0]), "kwargs": dumps(kwargs_list[0])}
         if keyed:

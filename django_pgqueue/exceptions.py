@@ -7,6 +7,8 @@ from typing import Any
 
 # The longest delay a handler may ask for (ten years; as retry.MAX_SECONDS).
 _MAX_DELAY = 10 * 365 * 24 * 3600.0
+# A checkpoint left out (None is a checkpoint value).
+_UNSET: Any = object()
 
 
 def _check_delay(delay: Any, what: str) -> None:
@@ -64,6 +66,40 @@ class Snooze(HandlerSignal):
         _check_delay(delay, "Snooze")
         self.delay = delay
         super().__init__(f"snoozed for {delay}s")
+
+
+class Suspend(HandlerSignal):
+    """Suspend this task until the signal ``signal`` arrives (``django_pgqueue.signal``),
+    or ``timeout`` seconds pass: the row waits, holds no slot and no lease, and burns no
+    attempt. The next attempt finds the signal's payload in ``context.signals`` and what
+    woke it in ``context.wake``; ``checkpoint`` (if given) is saved for it. A signal
+    sent before the task suspends is kept, and resumes it at once.
+
+    To wait for another task's end instead, call ``context.wait_for(task_id)``.
+    """
+
+    def __init__(
+        self, signal: str, *, timeout: float | None = None, checkpoint: Any = _UNSET
+    ) -> None:
+        if not isinstance(signal, str) or not 1 <= len(signal) <= 255:
+            raise ValueError(f"Suspend needs a signal name of 1-255 characters, not {signal!r}")
+        if timeout is not None:
+            _check_delay(timeout, "Suspend timeout")
+        self.reason = "signal"
+        self.signal = signal
+        self.timeout = timeout
+        self.checkpoint = checkpoint
+        super().__init__(f"suspended until signal {signal!r}")
+
+    @classmethod
+    def for_tasks(
+        cls, task_ids: list[int], timeout: float | None, checkpoint: Any = _UNSET
+    ) -> Suspend:
+        """Waiting for other tasks to end (``context.wait_for`` wrote the edges)."""
+        suspend = cls("tasks", timeout=timeout, checkpoint=checkpoint)
+        suspend.reason, suspend.signal = "child", None
+        suspend.args = (f"suspended until task(s) {', '.join(map(str, task_ids))} end",)
+        return suspend
 
 
 class Continue(HandlerSignal):

@@ -71,6 +71,19 @@ class Task(models.Model):
     # Fleet-wide per-key concurrency (docs/limits.md): at most the task's key_concurrency
     # rows of one (queue, concurrency_key) run at once. NULL: not limited by key.
     concurrency_key = models.CharField(max_length=255, null=True, blank=True)
+    # Waiting work (docs/workflows.md). A waiting row waits for its parents ("parents":
+    # parents_pending of its pgqueue_dependency edges are unresolved), for a child it
+    # suspended on ("child"), or for a signal named wait_signal ("signal"), until
+    # wait_until at the latest. signals holds every signal delivered (early ones too);
+    # wake says what made it pending again, for the next attempt's context.
+    parents_pending = models.IntegerField(db_default=0)
+    wait_reason = models.CharField(max_length=16, null=True, blank=True)
+    wait_signal = models.CharField(max_length=255, null=True, blank=True)
+    wait_until = models.DateTimeField(null=True, blank=True)
+    signals = models.JSONField(db_default=models.Value({}, models.JSONField()))
+    wake = models.JSONField(null=True, blank=True)
+    # Some task waits for this one: its end runs the pgqueue_release_dependents trigger.
+    has_dependents = models.BooleanField(db_default=False)
 
     class Meta:
         db_table = "pgqueue_task"
@@ -119,6 +132,12 @@ class Task(models.Model):
                 fields=["state", "finished_at"],
                 name="pgqueue_task_retention",
                 condition=Q(state__in=["succeeded", "failed", "cancelled"]),
+            ),
+            # Suspensions with a timeout, by when they time out: the stager wakes them.
+            models.Index(
+                fields=["queue", "wait_until", "id"],
+                name="pgqueue_task_wait_timeout",
+                condition=Q(state="waiting", wait_until__isnull=False),
             ),
             # The queue overview counts waiting rows without scanning the table.
             models.Index(
@@ -176,6 +195,31 @@ class QueueOverview(Task):
         permissions = [("pause_queue", "Can pause and resume queues and task names")]
         verbose_name = _("queue overview")
         verbose_name_plural = _("queue overview")
+
+
+class Dependency(models.Model):
+    """An edge of a workflow: ``child`` waits for ``parent`` to end (docs/workflows.md).
+
+    Written by an enqueue with ``after=`` and by ``context.wait_for(child)``; resolved,
+    in the transaction that ends the parent, by the pgqueue_release_dependents trigger
+    (migration 0008). ``proceed_on_failure``: the child runs even if the parent ended
+    failed or cancelled (otherwise it is cancelled with it)."""
+
+    id = models.BigAutoField(primary_key=True)
+    parent_id = models.BigIntegerField()
+    child_id = models.BigIntegerField()
+    resolved = models.BooleanField(db_default=False)
+    proceed_on_failure = models.BooleanField(db_default=False)
+
+    class Meta:
+        db_table = "pgqueue_dependency"
+        constraints = [
+            models.UniqueConstraint(fields=["parent_id", "child_id"], name="pgqueue_dep_edge"),
+        ]
+        indexes = [models.Index(fields=["child_id"], name="pgqueue_dep_child")]
+
+    def __str__(self) -> str:
+        return f"{self.child_id} after {self.parent_id}"
 
 
 class Queue(models.Model):

@@ -11,7 +11,8 @@ from typing import TYPE_CHECKING, Any
 from django.db import connections
 
 from django_pgqueue.conf import get_settings
-from django_pgqueue.exceptions import TaskDoesNotExist
+from django_pgqueue.exceptions import InvalidTaskError, TaskDoesNotExist
+from django_pgqueue.payload import check_json, dumps
 from django_pgqueue.registry import validate_queue, validate_task_name
 from django_pgqueue.sql import QUERIES
 
@@ -45,6 +46,25 @@ def cancel(task_id: int, hard: bool = False) -> str | None:
     if row is None:
         return None
     return "cancel_requested" if row[1] == "running" else "cancelled"
+
+
+def signal(task_id: int, name: str, payload: Any = None) -> str | None:
+    """Send the signal ``name`` (with a JSON ``payload``) to a task (docs/workflows.md).
+
+    Returns ``"resumed"`` (the task was waiting for this signal: it is pending now, and
+    its next attempt finds the payload in ``context.signals[name]`` and
+    ``context.wake``), ``"stored"`` (it is not waiting for it yet: the signal is kept,
+    and a later ``Suspend(name)`` resumes at once), or None (no such task, or it has
+    finished)."""
+    if not isinstance(name, str) or not 1 <= len(name) <= 255:
+        raise InvalidTaskError(f"a signal name is a string of 1-255 characters, not {name!r}")
+    body = dumps(check_json(payload, "signal payload"))
+    with connections[get_settings().DATABASE].cursor() as cursor:
+        cursor.execute(QUERIES["signal_task"], {"id": task_id, "name": name, "payload": body})
+        row = cursor.fetchone()
+    if row is None:
+        return None
+    return "resumed" if row[2] else "stored"
 
 
 def pause(queue: str, task_name: str | None = None) -> None:

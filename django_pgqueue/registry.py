@@ -12,7 +12,7 @@ import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from datetime import datetime
-from typing import Any, overload
+from typing import TYPE_CHECKING, Any, overload
 
 from django.core.exceptions import ImproperlyConfigured
 
@@ -20,6 +20,9 @@ from django_pgqueue.conf import get_settings
 from django_pgqueue.exceptions import InvalidTaskError, TaskNotRegistered
 from django_pgqueue.payload import check_text, short_repr
 from django_pgqueue.retry import MAX_SECONDS, RetryPolicy
+
+if TYPE_CHECKING:
+    from django_pgqueue.workflows import Step
 
 QUEUE_NAME = re.compile(r"[A-Za-z0-9_.:-]{1,100}")
 TASK_NAME_MAX_LENGTH = 255  # the task_name column
@@ -52,6 +55,8 @@ OPTION_NAMES = (
     "metadata",
     "commit_alias",
     "concurrency_key",
+    "after",
+    "after_failure",
 )
 
 
@@ -125,6 +130,31 @@ def validate_backoff(value: Any) -> RetryPolicy:
         raise InvalidTaskError(f"invalid backoff: {exc}") from exc
 
 
+# What a dependent does when a parent ends failed or cancelled.
+AFTER_FAILURE = ("cancel", "run")
+
+
+def validate_after(value: Any) -> tuple[int, ...]:
+    """after=: task ids (ints), or objects with an ``id`` (a task result); deduplicated."""
+    if isinstance(value, int | str) and not isinstance(value, bool):
+        value = [value]
+    try:
+        items = list(value)
+    except TypeError:
+        raise InvalidTaskError(
+            f"after must be a list of task ids, not {short_repr(value)}"
+        ) from None
+    ids = []
+    for item in items:
+        task_id = getattr(item, "id", item)
+        if isinstance(task_id, str) and task_id.isdigit():
+            task_id = int(task_id)
+        if isinstance(task_id, bool) or not isinstance(task_id, int) or task_id < 1:
+            raise InvalidTaskError(f"after: {short_repr(item)} is not a task id")
+        ids.append(task_id)
+    return tuple(sorted(set(ids)))
+
+
 def _is_number(value: Any) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool)
 
@@ -145,6 +175,10 @@ class EnqueueOptions:
     metadata: dict[str, Any] = field(default_factory=dict)
     commit_alias: str | None = None
     concurrency_key: str | None = None
+    # Dependencies (docs/workflows.md): the ids of the tasks this one waits for, and
+    # what a parent that failed or was cancelled does to it ("cancel" or "run").
+    after: tuple[int, ...] = ()
+    after_failure: str = "cancel"
 
 
 @dataclass(frozen=True, eq=False)
@@ -214,7 +248,19 @@ class TaskDefinition:
                 "limit nothing: declare it with @task(key_concurrency=N) or "
                 "@task(concurrency_key=...)"
             )
+        if "after" in options:
+            options["after"] = validate_after(options["after"])
+        if "after_failure" in options and options["after_failure"] not in AFTER_FAILURE:
+            raise InvalidTaskError(
+                f"after_failure must be one of {', '.join(map(repr, AFTER_FAILURE))}, "
+                f"not {short_repr(options['after_failure'])}"
+            )
         merged = replace(self.options, **options)
+        if merged.after and merged.unique_key is not None:
+            raise InvalidTaskError(
+                "a task cannot have both after= and unique_key: a duplicate would share "
+                "none of the original's dependencies"
+            )
         if merged.run_at is not None and merged.delay is not None:
             raise InvalidTaskError("pass either run_at or delay, not both")
         return replace(self, options=merged)
@@ -230,6 +276,12 @@ class TaskDefinition:
         from django_pgqueue.enqueue import enqueue_on_commit
 
         return enqueue_on_commit(self, args, kwargs)
+
+    def step(self, *args: Any, **kwargs: Any) -> Step:
+        """This call as a step of a workflow (chain, group, chord: workflows.py)."""
+        from django_pgqueue.workflows import Step
+
+        return Step(self, args, kwargs)
 
     def enqueue_many(self, calls: Iterable[Any]) -> list[int]:
         """Insert many tasks in one statement; returns their ids in order.

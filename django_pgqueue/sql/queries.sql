@@ -15,6 +15,11 @@
 --   pgqueue_task_running    (queue, concurrency_key)           WHERE state = 'running'
 --   pgqueue_task_retention  (state, finished_at)               WHERE state is terminal
 --   pgqueue_task_waiting    (queue, task_name)                 WHERE state = 'waiting'
+--   pgqueue_task_wait_timeout (queue, wait_until, id)          WHERE state = 'waiting'
+--                                                                 AND wait_until IS NOT NULL
+--   pgqueue_dependency: pgqueue_dep_edge UNIQUE (parent_id, child_id), pgqueue_dep_child
+--                       (child_id); the trigger pgqueue_release_dependents (migration
+--                       0008) resolves a task's edges when it ends
 --   pgqueue_task_unique_live UNIQUE (unique_key) WHERE unique_key IS NOT NULL AND live
 --
 -- States: 'scheduled' rows are due later and sit outside the claim's indexes; the
@@ -365,7 +370,8 @@ RETURNING t.id, t.task_name, t.handler_version, t.queue, t.priority, t.args, t.k
           EXTRACT(EPOCH FROM t.timeout)::float8 AS timeout, t.lease_token::text AS lease_token,
           t.lease_expires_at, now() AS claimed_at, t.enqueued_at, t.run_at,
           t.checkpoint::text AS checkpoint_json, t.cancel_requested, t.cancel_hard,
-          t.metadata::text AS metadata_json;
+          t.metadata::text AS metadata_json,
+          NULLIF(t.signals, '{}')::text AS signals_json, t.wake::text AS wake_json;
 
 
 -- name: find_claimed
@@ -376,10 +382,160 @@ SELECT t.id, t.task_name, t.handler_version, t.queue, t.priority, t.args, t.kwar
        EXTRACT(EPOCH FROM t.timeout)::float8 AS timeout, t.lease_token::text AS lease_token,
        t.lease_expires_at, t.last_attempted_at AS claimed_at, t.enqueued_at, t.run_at,
        t.checkpoint::text AS checkpoint_json, t.cancel_requested, t.cancel_hard,
-       t.metadata::text AS metadata_json
+       t.metadata::text AS metadata_json,
+       NULLIF(t.signals, '{}')::text AS signals_json, t.wake::text AS wake_json
   FROM pgqueue_task AS t
  WHERE t.state = 'running'
    AND t.lease_token = ANY (%(tokens)s::uuid[]);
+
+
+-- name: enqueue_after
+-- A task that waits for others (after=[...], docs/workflows.md), in the caller's
+-- transaction: waiting until its last parent ends (the pgqueue_release_dependents
+-- trigger moves it on, in the transaction that ends that parent), or at once pending
+-- (every parent succeeded already) or cancelled (a parent already failed or was
+-- cancelled, unless it proceeds on failure).
+-- * parents marks each parent has_dependents (by primary key). The UPDATE locks the
+--   parent row, which is what closes the race with its end: a parent ending right now
+--   either committed first (the UPDATE waits for it, then reads its end: the edge is
+--   born resolved) or must wait for this transaction (its settlement skips the locked
+--   row and retries; by then the edge is committed and the trigger sees it).
+-- * Nothing is inserted when a parent does not exist: the caller gets no row back and
+--   raises (a task can only wait for tasks that exist, so a cycle cannot be made).
+WITH parents AS MATERIALIZED (
+    UPDATE pgqueue_task AS p
+       SET has_dependents = true
+     WHERE p.id = ANY (%(after)s::bigint[])
+    RETURNING p.id, p.state, p.task_name
+),
+verdict AS MATERIALIZED (
+    SELECT count(*) AS found,
+           count(*) FILTER (WHERE state NOT IN ('succeeded', 'failed', 'cancelled')) AS open,
+           min(id) FILTER (WHERE state IN ('failed', 'cancelled')) AS failed_id,
+           min(state) FILTER (WHERE state IN ('failed', 'cancelled')) AS failed_state
+      FROM parents
+),
+child AS (
+    INSERT INTO pgqueue_task (
+        id, queue, task_name, handler_version, priority, args, kwargs, run_at, state,
+        max_attempts, retry_policy, timeout, unique_key, metadata, concurrency_key,
+        parents_pending, wait_reason, finished_at, errors
+    )
+    SELECT COALESCE(%(id)s, nextval('pgqueue_task_id_seq')),
+           %(queue)s, %(task_name)s, %(handler_version)s, %(priority)s, %(args)s::jsonb,
+           %(kwargs)s::jsonb, COALESCE(%(run_at)s, statement_timestamp() + %(delay)s),
+           CASE WHEN v.failed_id IS NOT NULL AND NOT %(proceed)s THEN 'cancelled'
+                WHEN v.open > 0 THEN 'waiting'
+                ELSE %(state)s END,
+           %(max_attempts)s, %(retry_policy)s::jsonb, %(timeout)s, NULL, %(metadata)s::jsonb,
+           %(concurrency_key)s,
+           v.open,
+           CASE WHEN v.open > 0 AND (v.failed_id IS NULL OR %(proceed)s) THEN 'parents' END,
+           CASE WHEN v.failed_id IS NOT NULL AND NOT %(proceed)s THEN now() END,
+           CASE WHEN v.failed_id IS NOT NULL AND NOT %(proceed)s
+                THEN jsonb_build_array(jsonb_build_object(
+                         'attempt', 0, 'type', 'UpstreamFailed',
+                         'message', 'task ' || v.failed_id || ', which this task waits for, '
+                                    || 'had already ended ' || v.failed_state
+                                    || '; enqueue with after_failure="run" to run anyway',
+                         'traceback', NULL, 'outcome', 'cancelled', 'worker_id', NULL,
+                         'at', now()))
+                ELSE '[]'::jsonb END
+      FROM verdict AS v
+     WHERE v.found = cardinality(%(after)s::bigint[])
+    RETURNING id, enqueued_at, state, queue
+),
+edges AS (
+    INSERT INTO pgqueue_dependency (parent_id, child_id, resolved, proceed_on_failure)
+    SELECT p.id, c.id, p.state IN ('succeeded', 'failed', 'cancelled'), %(proceed)s
+      FROM parents AS p, child AS c
+)
+SELECT c.id, c.enqueued_at, c.state,
+       CASE WHEN c.state = 'pending'
+            THEN pg_notify('pgqueue_' || (hashtext(c.queue) & 63), c.queue)::text END
+  FROM child AS c;
+
+
+-- name: missing_tasks
+-- Which of these ids name no task (enqueue_after's error message).
+SELECT i FROM unnest(%(ids)s::bigint[]) AS i
+ WHERE NOT EXISTS (SELECT 1 FROM pgqueue_task AS t WHERE t.id = i)
+ ORDER BY i;
+
+
+-- name: wait_for_tasks
+-- A handler's context.wait_for(ids): edges from those tasks to its own, on the
+-- handler's connection, fenced on its lease (a stale worker writes nothing and gets
+-- no row back). Like enqueue_after, it marks each target has_dependents under its row
+-- lock, so a target ending now is either seen ended (the edge is born resolved) or
+-- sees the edge. proceed_on_failure: the waiting task resumes whatever the end. The
+-- settlement of the suspension that follows decides waiting or pending (settle).
+WITH me AS (
+    SELECT id
+      FROM pgqueue_task
+     WHERE id = %(id)s AND attempt = %(attempt)s AND lease_token = %(token)s
+       AND state = 'running'
+),
+targets AS MATERIALIZED (
+    UPDATE pgqueue_task AS p
+       SET has_dependents = true
+      FROM me
+     WHERE p.id = ANY (%(ids)s::bigint[]) AND p.id <> me.id
+    RETURNING p.id, p.state
+)
+INSERT INTO pgqueue_dependency AS d (parent_id, child_id, resolved, proceed_on_failure)
+SELECT t.id, me.id, t.state IN ('succeeded', 'failed', 'cancelled'), true
+  FROM targets AS t, me
+    ON CONFLICT (parent_id, child_id) DO UPDATE
+   SET resolved = EXCLUDED.resolved, proceed_on_failure = true
+RETURNING d.parent_id;
+
+
+-- name: parent_results
+-- context.parent_results(): the tasks this one waited for and how they ended, through
+-- pgqueue_dep_child, then each parent by primary key.
+SELECT p.id, p.task_name, p.state, p.result, p.errors -> -1 ->> 'message'
+  FROM pgqueue_dependency AS d
+  JOIN pgqueue_task AS p ON p.id = d.parent_id
+ WHERE d.child_id = %(id)s
+ ORDER BY p.id;
+
+
+-- name: signal_task
+-- signal(task_id, name, payload): deliver a signal. It is kept in signals whatever the
+-- task's state (a signal sent before the task suspends is not lost: the suspension's
+-- settlement finds it); a task waiting for this very signal becomes pending at once,
+-- with wake naming it, and its queue is woken. State-checked, not fenced: signals come
+-- from outside the worker. The row lock (old, by primary key) serialises it with a
+-- settlement of the same row: either the settlement sees the signal, or this sees the
+-- task waiting. A finished task takes no signal (no row is returned).
+WITH old AS MATERIALIZED (
+    SELECT id, (state = 'waiting' AND wait_reason = 'signal'
+                AND wait_signal = %(name)s::text) AS resumes
+      FROM pgqueue_task
+     WHERE id = %(id)s
+       AND state IN ('scheduled', 'pending', 'running', 'waiting')
+       FOR NO KEY UPDATE
+),
+signalled AS (
+    UPDATE pgqueue_task AS t
+       SET signals = t.signals || jsonb_build_object(%(name)s::text, %(payload)s::jsonb),
+           state = CASE WHEN o.resumes THEN 'pending' ELSE t.state END,
+           run_at = CASE WHEN o.resumes THEN now() ELSE t.run_at END,
+           wake = CASE WHEN o.resumes
+                       THEN jsonb_build_object('reason', 'signal', 'signal', %(name)s::text,
+                                               'payload', %(payload)s::jsonb)
+                       ELSE t.wake END,
+           wait_reason = CASE WHEN o.resumes THEN NULL ELSE t.wait_reason END,
+           wait_signal = CASE WHEN o.resumes THEN NULL ELSE t.wait_signal END,
+           wait_until = CASE WHEN o.resumes THEN NULL ELSE t.wait_until END
+      FROM old AS o
+     WHERE t.id = o.id
+    RETURNING t.id, t.queue, t.state, o.resumes
+)
+SELECT id, state, resumes,
+       CASE WHEN resumes THEN pg_notify('pgqueue_' || (hashtext(queue) & 63), queue)::text END
+  FROM signalled;
 
 
 -- name: lock_limited_queues
@@ -483,7 +639,8 @@ SELECT name AS queue, paused, paused_tasks::text AS paused_tasks, paused_at,
 -- task of its queues is due (it sleeps until the next one) and at most every
 -- STAGE_INTERVAL while busy. SKIP LOCKED: claimers of one queue stage in parallel
 -- without waiting on each other. Wakes the queues it made due: other workers may be
--- idle.
+-- idle. It also ends suspensions whose timeout passed (pgqueue_task_wait_timeout, the
+-- same stop-at-the-first-not-due range scan): pending, with wake saying so.
 WITH due AS MATERIALIZED (
     SELECT id
       FROM pgqueue_task
@@ -499,27 +656,56 @@ staged AS (
       FROM due
      WHERE t.id = due.id
     RETURNING t.queue
+),
+timed_out AS MATERIALIZED (
+    SELECT id
+      FROM pgqueue_task
+     WHERE state = 'waiting'
+       AND queue = ANY (%(queues)s::text[])
+       AND wait_until <= now()
+     LIMIT %(limit)s
+       FOR NO KEY UPDATE SKIP LOCKED
+),
+woken AS (
+    UPDATE pgqueue_task AS t
+       SET state = 'pending',
+           run_at = now(),
+           wake = jsonb_build_object('reason', 'timeout', 'waited_for', t.wait_reason,
+                                     'signal', t.wait_signal),
+           wait_reason = NULL,
+           wait_signal = NULL,
+           wait_until = NULL
+      FROM timed_out
+     WHERE t.id = timed_out.id
+    RETURNING t.queue
 )
 SELECT queue, count(*) AS staged,
        pg_notify('pgqueue_' || (hashtext(queue) & 63), queue)::text AS notified
-  FROM staged
+  FROM (SELECT queue FROM staged UNION ALL SELECT queue FROM woken) AS s
  GROUP BY queue;
 
 
 -- name: next_due
 -- When the claimer found nothing more to take: how long until the earliest scheduled
--- task of its queues is due, so it sleeps until then rather than until the next poll.
+-- task of its queues is due (or a suspension times out, pgqueue_task_wait_timeout), so
+-- it sleeps until then rather than until the next poll.
 -- One index probe per queue on pgqueue_task_scheduled (a LIMIT 1 each; a min() over
 -- queue = ANY(...) would read every scheduled row).
 SELECT EXTRACT(EPOCH FROM min(n.run_at) - now())::float8 AS seconds
   FROM unnest(%(queues)s::text[]) AS q(queue),
        LATERAL (
-           SELECT run_at
-             FROM pgqueue_task
-            WHERE state = 'scheduled' AND queue = q.queue
-            ORDER BY run_at, id
-            LIMIT 1
-       ) AS n;
+           (SELECT run_at
+              FROM pgqueue_task
+             WHERE state = 'scheduled' AND queue = q.queue
+             ORDER BY run_at, id
+             LIMIT 1)
+           UNION ALL
+           (SELECT wait_until
+              FROM pgqueue_task
+             WHERE state = 'waiting' AND wait_until IS NOT NULL AND queue = q.queue
+             ORDER BY wait_until, id
+             LIMIT 1)
+       ) AS n(run_at);
 
 
 -- name: listen_channels
@@ -571,6 +757,11 @@ SELECT pg_advisory_unlock_shared(1885827329, c) FROM unnest(%(channels)s::int[])
 -- * Each settlement appends an executions entry with the lease token (source
 --   'settle'): a settle replayed after its reply was lost recognises its own earlier
 --   write by it (settle_check). The history keeps the last 100 executions.
+-- * A suspension (state 'waiting', docs/workflows.md) refunds the attempt and waits for
+--   its signal, or for the tasks wait_for named (their pgqueue_dependency edges, locked
+--   FOR UPDATE by waits: the trigger that resolves an edge locks it too, so either this
+--   statement sees the edge resolved, or the trigger sees this row waiting). It is
+--   pending at once when the signal already came (signals) or no edge is left open.
 -- * Rows made due again send a wake-up. So does a settlement that frees room workers
 --   may be parked for: in a queue of %(limit_queues)s that was at its concurrency limit
 --   (%(limit_concurrency)s) when the statement began (a count of pgqueue_task_running;
@@ -580,13 +771,27 @@ WITH v AS (
       FROM jsonb_to_recordset(%(outcomes)s::jsonb) AS v(
                id bigint, attempt int, token uuid, label text, state text, result jsonb,
                error jsonb, delay float8, attempt_reset bool, attempt_refund bool,
-               checkpoint jsonb, save_checkpoint bool)
+               checkpoint jsonb, save_checkpoint bool, wait_reason text, wait_signal text,
+               wait_seconds float8)
+),
+waits AS MATERIALIZED (
+    SELECT d.child_id
+      FROM v
+      JOIN pgqueue_dependency AS d ON d.child_id = v.id
+     WHERE v.wait_reason = 'child' AND NOT d.resolved
+       FOR UPDATE OF d
 ),
 mine AS MATERIALIZED (
     SELECT t.id, v.attempt AS held_attempt, v.token AS held_token,
-           CASE WHEN t.cancel_requested AND v.state = 'pending' THEN 'cancelled'
+           CASE WHEN t.cancel_requested AND v.state IN ('pending', 'waiting') THEN 'cancelled'
                 WHEN v.state = 'pending' AND COALESCE(v.delay, 0) > 0 THEN 'scheduled'
-                ELSE v.state END AS new_state
+                WHEN v.state = 'waiting' AND v.wait_reason = 'signal'
+                     AND t.signals ? v.wait_signal THEN 'pending'
+                WHEN v.state = 'waiting' AND v.wait_reason = 'child'
+                     AND NOT EXISTS (SELECT 1 FROM waits AS w WHERE w.child_id = t.id)
+                     THEN 'pending'
+                ELSE v.state END AS new_state,
+           (SELECT count(*) FROM waits AS w WHERE w.child_id = t.id) AS open_waits
       FROM pgqueue_task AS t
       JOIN v ON t.id = v.id AND t.attempt = v.attempt AND t.lease_token = v.token
      WHERE t.state = 'running'
@@ -611,8 +816,17 @@ settled AS (
            run_at = CASE WHEN m.new_state IN ('pending', 'scheduled')
                          THEN now() + make_interval(secs => COALESCE(v.delay, 0))
                          ELSE t.run_at END,
-           finished_at = CASE WHEN m.new_state IN ('pending', 'scheduled') THEN NULL
+           finished_at = CASE WHEN m.new_state IN ('pending', 'scheduled', 'waiting') THEN NULL
                               ELSE now() END,
+           wait_reason = CASE WHEN m.new_state = 'waiting' THEN v.wait_reason END,
+           wait_signal = CASE WHEN m.new_state = 'waiting' THEN v.wait_signal END,
+           wait_until = CASE WHEN m.new_state = 'waiting' AND v.wait_seconds IS NOT NULL
+                             THEN now() + make_interval(secs => v.wait_seconds) END,
+           parents_pending = CASE WHEN m.new_state = 'waiting' AND v.wait_reason = 'child'
+                                  THEN m.open_waits ELSE t.parents_pending END,
+           wake = CASE WHEN v.state = 'waiting' AND m.new_state = 'pending'
+                       THEN jsonb_build_object('reason', v.wait_reason, 'signal', v.wait_signal,
+                                               'payload', t.signals -> v.wait_signal) END,
            attempt = CASE WHEN v.attempt_reset THEN 0
                           WHEN v.attempt_refund THEN t.attempt - 1
                           ELSE t.attempt END,

@@ -55,6 +55,8 @@ class ClaimedTask:
     cancel_requested: bool
     cancel_hard: bool
     metadata_json: str
+    signals_json: str | None = None
+    wake_json: str | None = None
     received_monotonic: float = field(default_factory=time.monotonic)
     # When a slot began running it: a prefetched task may wait for a slot, and its
     # timeout counts from its start, not from its claim.
@@ -77,6 +79,14 @@ class ClaimedTask:
     @property
     def metadata(self) -> dict[str, Any]:
         return json.loads(self.metadata_json) if self.metadata_json else {}
+
+    @property
+    def signals(self) -> dict[str, Any]:
+        return json.loads(self.signals_json) if self.signals_json else {}
+
+    @property
+    def wake(self) -> dict[str, Any] | None:
+        return json.loads(self.wake_json) if self.wake_json else None
 
     @property
     def route(self) -> tuple[str, int]:

@@ -18,12 +18,14 @@ from django.db import close_old_connections
 
 from django_pgqueue.context import TaskContext
 from django_pgqueue.exceptions import (
+    _UNSET,
     Cancelled,
     Continue,
     InvalidTaskError,
     LeaseLost,
     Retry,
     Snooze,
+    Suspend,
     TaskNotRegistered,
 )
 from django_pgqueue.payload import check_json, check_stored_call
@@ -51,6 +53,8 @@ def make_context(task: ClaimedTask, database: str) -> TaskContext:
         metadata=task.metadata,
         lease_token=task.lease_token,
         database=database,
+        signals=task.signals,
+        wake=task.wake,
     )
     context._cancel_requested = task.cancel_requested
     return context
@@ -164,6 +168,13 @@ def _raised(
     """The outcome of a handler that raised ``exc``."""
     if isinstance(exc, Snooze):
         return outcomes.snoozed(task, exc.delay)
+    if isinstance(exc, Suspend):
+        save = exc.checkpoint is not _UNSET
+        try:
+            checkpoint = check_json(exc.checkpoint, "checkpoint") if save else None
+        except InvalidTaskError as bad:
+            return outcomes.failed(task, outcomes.error_entry(task, bad), retryable=False)
+        return outcomes.suspended(task, exc.reason, exc.signal, exc.timeout, checkpoint, save)
     if isinstance(exc, Continue):
         try:
             checkpoint = check_json(exc.checkpoint, "checkpoint")

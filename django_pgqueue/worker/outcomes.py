@@ -11,6 +11,9 @@ raised, attempts spent          failed (dead letter), error appended
 ``Retry(delay)``                as raised, with the given delay
 ``Snooze(delay)``               pending after delay, the attempt refunded, no error
 ``Continue(checkpoint)``        pending now, attempt counter reset, checkpoint saved
+``Suspend`` / ``wait_for``      waiting for a signal or tasks, attempt refunded,
+                                checkpoint saved if given (pending at once when the
+                                signal already came or the tasks already ended)
 ``Cancelled`` / cancel request  cancelled, error says why
 timeout / written off / killed  as raised, with a TimeoutError
 hard cancel (process killed)    cancelled, error says the handler was killed
@@ -47,6 +50,7 @@ CANCELLED = "cancelled"
 CONTINUED = "continued"
 SNOOZED = "snoozed"
 RELEASED = "released"
+SUSPENDED = "suspended"
 
 # A task released at shutdown becomes due this long after the release commits. The
 # releasing process exits as soon as the release is written (its handler threads die
@@ -72,6 +76,10 @@ class Outcome:
     attempt_refund: bool = False
     checkpoint: Any = None
     save_checkpoint: bool = False
+    # Suspensions: "signal" (wait_signal names it) or "child", and the timeout.
+    wait_reason: str | None = None
+    wait_signal: str | None = None
+    wait_seconds: float | None = None
     runtime: float | None = None
     encoded: str | None = None  # as_row() as JSON, once the settler has encoded it
 
@@ -90,6 +98,9 @@ class Outcome:
             "attempt_refund": self.attempt_refund,
             "checkpoint": self.checkpoint,
             "save_checkpoint": self.save_checkpoint,
+            "wait_reason": self.wait_reason,
+            "wait_signal": self.wait_signal,
+            "wait_seconds": self.wait_seconds,
         }
 
 
@@ -178,6 +189,27 @@ def continued(task: ClaimedTask, checkpoint: Any, save: bool) -> Outcome:
         attempt_reset=True,
         checkpoint=checkpoint,
         save_checkpoint=save,
+    )
+
+
+def suspended(
+    task: ClaimedTask,
+    reason: str,
+    signal: str | None,
+    timeout: float | None,
+    checkpoint: Any,
+    save: bool,
+) -> Outcome:
+    return Outcome(
+        task,
+        SUSPENDED,
+        "waiting",
+        attempt_refund=True,
+        checkpoint=checkpoint,
+        save_checkpoint=save,
+        wait_reason=reason,
+        wait_signal=signal,
+        wait_seconds=timeout,
     )
 
 
