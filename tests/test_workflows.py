@@ -308,3 +308,45 @@ def test_signal_payloads_must_be_json():
     with pytest.raises(InvalidTaskError):
         signal(task_id, "x", object())
     assert json.dumps(row(task_id).signals) == "{}"
+
+
+def test_a_worker_killed_running_a_chords_last_member_still_gets_the_callback_run_once(
+    start_worker, ledger_file
+):
+    # Given a chord whose last member to finish is a slow one
+    first = start_worker("--concurrency", "4", *FAST_LEASE)
+    members, callback = chord(
+        [step.step(str(n), 0.01) for n in range(20)] + [step.step("slow", 3.0)],
+        collect.step("cb"),
+    )
+    slow = members[-1]
+    wait_until(lambda: Task.objects.filter(pk__in=members[:-1], state="succeeded").count() == 20
+               and state(slow) == "running", 20, message="only the slow member left")  # fmt: skip
+    second = start_worker("--concurrency", "4", *FAST_LEASE)
+    # When the worker running it is killed before the last member settles
+    first.signal(os_signal.SIGKILL)
+    first.proc.wait(10)
+    ledger.record_exit(ledger_file, first.pid)
+    # Then the member is recovered and run again elsewhere, and the callback runs once,
+    # after it
+    wait_state(callback, "succeeded", timeout=30)
+    assert second.proc.poll() is None
+    labels = [e["label"] for e in runs(ledger_file)]
+    assert labels.count("slow") == 2 and labels.count("cb") == 1
+    assert row(callback).result[str(slow)] == ["succeeded", "slow"]
+
+
+def test_a_group_of_ten_thousand_runs_its_callback_once(start_worker, ledger_file):
+    _members, callback = chord([step.step("m") for _ in range(10_000)], collect.step("cb"))
+    assert row(callback).parents_pending == 10_000
+    start_worker("--concurrency", "10")
+    wait_state(callback, "succeeded", timeout=120)
+    assert [e["label"] for e in runs(ledger_file)].count("cb") == 1
+    assert len(row(callback).result) == 10_000
+
+
+def test_a_chain_of_a_thousand_steps_completes(start_worker):
+    ids = chain(*[step.step(str(n)) for n in range(1000)])
+    start_worker()
+    wait_state(ids[-1], "succeeded", timeout=120)
+    assert Task.objects.filter(pk__in=ids, state="succeeded").count() == 1000
