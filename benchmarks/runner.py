@@ -1,4 +1,4 @@
-"""The benchmark: workloads W1-W9 against pgbench baselines on the same server.
+"""The benchmark: workloads W1-W10 against pgbench baselines on the same server.
 
 Every figure is reported as the median of several runs with its spread, and as a ratio
 to a pgbench baseline measured in the same invocation (one INSERT, one UPDATE by primary
@@ -12,6 +12,7 @@ See docs/performance.md for what each workload measures and how to read the tabl
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import multiprocessing
 import os
@@ -91,7 +92,7 @@ def server_info() -> dict[str, Any]:
 
 def reset_queue() -> None:
     with raw_connection() as conn:
-        conn.execute("TRUNCATE pgqueue_task, pgqueue_worker, pgqueue_queue")
+        conn.execute("TRUNCATE pgqueue_task, pgqueue_dependency, pgqueue_worker, pgqueue_queue")
 
 
 # W8: what else the table holds while a clean backlog drains (one shape at a time).
@@ -120,11 +121,21 @@ SHAPES = {
         "SELECT 'default', 'benchmarks.tasks.noop', "
         "(ARRAY['succeeded', 'failed'])[1 + n %% 2], 1, now() FROM generate_series(1, %(rows)s) n",
     ),
+    # As an enqueue with after= leaves them: each waits for its parent through an edge
+    # (one parent for all, scheduled an hour ahead in a queue the drain does not serve).
     "waiting": (
-        "waiting rows, same queue",
-        "INSERT INTO pgqueue_task (queue, task_name, priority, state) "
-        "SELECT 'default', 'benchmarks.tasks.noop', 10, 'waiting' "
-        "FROM generate_series(1, %(rows)s)",
+        "waiting for a parent, same queue, higher priority",
+        "WITH parent AS ("
+        " INSERT INTO pgqueue_task (queue, task_name, state, run_at, has_dependents)"
+        " VALUES ('other', 'benchmarks.tasks.noop', 'scheduled', now() + interval '1 hour', true)"
+        " RETURNING id),"
+        " children AS ("
+        " INSERT INTO pgqueue_task"
+        " (queue, task_name, priority, state, wait_reason, parents_pending)"
+        " SELECT 'default', 'benchmarks.tasks.noop', 10, 'waiting', 'parents', 1"
+        " FROM generate_series(1, %(rows)s) RETURNING id)"
+        " INSERT INTO pgqueue_dependency (parent_id, child_id)"
+        " SELECT parent.id, children.id FROM parent, children",
     ),
 }
 
@@ -417,6 +428,7 @@ def drain(
     shape: tuple[str, int] | None = None,
     async_claims: bool = False,
     limits: bool = False,
+    enqueue: Callable[[], None] | None = None,
 ) -> dict[str, Any]:
     """Pre-enqueue, start worker process(es), time until ``total`` tasks settled.
 
@@ -425,6 +437,8 @@ def drain(
     ``shape``: (name, rows) of SHAPES, filled in before the backlog (W8).
     ``async_claims``: the workers run with PGQUEUE["ASYNC_CLAIMS"] (the opt-in).
     ``limits``: the queue has a concurrency and a rate limit that never bind (W2a-limits).
+    ``enqueue``: writes the ``total`` tasks instead of a backlog of no-ops (W9's chord and
+    chain).
 
     The rate is measured on the database's clock: from the first claim (the earliest
     started_at) to the settlement of the ``total``-th task (its finished_at), so the
@@ -435,7 +449,10 @@ def drain(
         fill(*shape)
     with raw_connection() as conn:
         (floor,) = conn.execute("SELECT COALESCE(max(id), 0) FROM pgqueue_task").fetchone()
-    enqueue_backlog(backlog or total)
+    if enqueue is None:
+        enqueue_backlog(backlog or total)
+    else:
+        enqueue()
     # The backlog's rows only, by primary key range: counting a W8 shape's million rows
     # every 100 ms would cost the drain what it measures.
     done = f"id > {floor} AND state = 'succeeded'"
@@ -533,6 +550,88 @@ def w8_claim_latency(terminal_rows: int, samples: int = 500) -> dict[str, Any]:
         "p50_ms": percentile(times, 50),
         "p99_ms": percentile(times, 99),
         "terminal_rows": terminal_rows,
+    }
+
+
+def w9_fan_in(members: int) -> dict[str, Any]:
+    """A chord drained by one worker process: ``members`` no-op tasks enqueued with
+    ``group()`` (one enqueue_many), and a callback enqueued ``after=`` all of them, in one
+    transaction; the callback counts its parents' results (``context.parent_results()``).
+    Timed as a drain, from the first claim to the callback's settlement; the rate is
+    ``members`` over that time, to compare with a plain drain of as many no-ops."""
+    from django.db import transaction
+
+    from benchmarks.tasks import fan_in, noop
+    from django_pgqueue.workflows import group
+
+    enqueued: dict[str, Any] = {}
+
+    def enqueue() -> None:
+        started = time.perf_counter()
+        with transaction.atomic():
+            ids = group(noop.step(i) for i in range(members))
+            grouped = time.perf_counter()
+            enqueued["callback"] = fan_in.using(after=ids).enqueue(members)
+            enqueued["group_s"] = grouped - started
+            enqueued["callback_s"] = time.perf_counter() - grouped
+
+    d = drain(members + 1, 1, enqueue=enqueue)
+    with raw_connection() as conn:
+        first, last_member, cb_started, cb_finished, cb_state, cb_result = conn.execute(
+            "SELECT (SELECT min(started_at) FROM pgqueue_task),"
+            " (SELECT max(finished_at) FROM pgqueue_task WHERE id <> %(cb)s),"
+            " started_at, finished_at, state, result FROM pgqueue_task WHERE id = %(cb)s",
+            {"cb": enqueued["callback"]},
+        ).fetchone()
+    seconds = (cb_finished - first).total_seconds()
+    return {
+        **d,
+        "rate": members / seconds,
+        "seconds": seconds,
+        "members_seconds": (last_member - first).total_seconds(),
+        "callback_start_lag_ms": (cb_started - last_member).total_seconds() * 1000,
+        "callback_run_ms": (cb_finished - cb_started).total_seconds() * 1000,
+        "callback_state": cb_state,
+        "callback_saw_succeeded": cb_result,
+        "enqueue_group_s": enqueued["group_s"],
+        "enqueue_callback_s": enqueued["callback_s"],
+    }
+
+
+def w9_chain(steps: int) -> dict[str, Any]:
+    """A chain of ``steps`` no-ops (``chain()``, in one transaction), drained by one
+    worker process: from the head's claim to the last step's settlement. Each step
+    starts only after the one before settled, so this is per-step latency: the
+    settlement, the trigger that makes the next step pending, its wake-up and claim."""
+    from django.db import transaction
+
+    from benchmarks.tasks import noop
+    from django_pgqueue.workflows import chain
+
+    enqueued: dict[str, Any] = {}
+
+    def enqueue() -> None:
+        started = time.perf_counter()
+        with transaction.atomic():
+            enqueued["ids"] = chain(*(noop.step(i) for i in range(steps)))
+        enqueued["seconds"] = time.perf_counter() - started
+
+    d = drain(steps, 1, enqueue=enqueue)
+    with raw_connection() as conn:
+        spans = conn.execute(
+            "SELECT started_at, finished_at FROM pgqueue_task WHERE id = ANY (%s) ORDER BY id",
+            [enqueued["ids"]],
+        ).fetchall()
+    # From a step's settlement to the next step's claim: what the chain adds per step.
+    handovers = [
+        (nxt[0] - prev[1]).total_seconds() * 1000 for prev, nxt in itertools.pairwise(spans)
+    ]
+    return {
+        **d,
+        "per_step_ms": d["seconds"] * 1000 / steps,
+        "handover_p50_ms": percentile(handovers, 50),
+        "handover_p99_ms": percentile(handovers, 99),
+        "enqueue_s": enqueued["seconds"],
     }
 
 
@@ -782,9 +881,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--runs", type=int, default=3, help="runs of each workload (median)")
     parser.add_argument(
         "--only",
-        help="comma-separated workloads: W1,W2,W3,W4,W5,W6,W7,W8,W10; also W2a (W2's 1-process "
-        "drain alone), W2a-process (the same drain with --execution process) and "
-        "W2a-async (with ASYNC_CLAIMS), W2a-limits (with limits that do not bind)",
+        help="comma-separated workloads: W1,W2,W3,W4,W5,W6,W7,W8,W9,W10; also W2a (W2's "
+        "1-process drain alone), W2a-process (the same drain with --execution process) and "
+        "W2a-async (with ASYNC_CLAIMS), W2a-limits (with limits that do not bind); W9 is "
+        "waiting work: a chord's fan-in against a plain drain, and a chain",
     )
     parser.add_argument(
         "--quick",
@@ -811,6 +911,8 @@ def main(argv: list[str] | None = None) -> int:
     n = int(20_000 * scale)
     shape_rows = int(args.shape_rows * scale)
     terminal_rows = int(args.terminal_rows * (0.1 if args.quick else 1))
+    members = int(10_000 * scale)
+    steps = int(1_000 * scale)
 
     url = prepare_database()
     setup_django(url)
@@ -948,6 +1050,27 @@ def main(argv: list[str] | None = None) -> int:
             )
             for shape, (description, _) in SHAPES.items()
         },
+        "w9_plain": Row(
+            "w9_plain", f"W9 plain drain {members:,}, 1 process (fan-in's yardstick)", "tasks/s"
+        ),
+        "w9_fan_in": Row(
+            "w9_fan_in",
+            f"W9 chord {members:,} + callback, to its settlement",
+            "tasks/s",
+            ratio_to="w9_plain",
+            target=">= 0.83x plain (< +20%)",
+            check=lambda v, r: r >= 0.83,
+        ),
+        "w9_fan_in_lag": Row(
+            "w9_fan_in_lag", "W9 chord: last member's settlement to callback start", "ms"
+        ),
+        "w9_fan_in_enqueue": Row(
+            "w9_fan_in_enqueue", f"W9 chord enqueue: the callback after= {members:,}", "s"
+        ),
+        "w9_chain": Row("w9_chain", f"W9 chain of {steps:,} steps, head's claim to the end", "s"),
+        "w9_chain_handover": Row(
+            "w9_chain_handover", "W9 chain: a step's settlement to the next claim, p50", "ms"
+        ),
         "w8_claim_empty_p50": Row("w8_claim_empty_p50", "W8 claim latency p50, empty table", "ms"),
         "w8_claim_empty_p99": Row("w8_claim_empty_p99", "W8 claim latency p99, empty table", "ms"),
         "w8_claim_full_p50": Row(
@@ -1049,6 +1172,16 @@ def main(argv: list[str] | None = None) -> int:
             for shape in SHAPES:
                 d = drain(n, 1, shape=(shape, shape_rows))
                 record(f"w8_{shape}", d["rate"], d)
+        if "W9" in only:
+            d = drain(members, 1)
+            record("w9_plain", d["rate"], d)
+            d = w9_fan_in(members)
+            record("w9_fan_in", d["rate"], d)
+            record("w9_fan_in_lag", d["callback_start_lag_ms"], {})
+            record("w9_fan_in_enqueue", d["enqueue_callback_s"], {})
+            d = w9_chain(steps)
+            record("w9_chain", d["seconds"], d)
+            record("w9_chain_handover", d["handover_p50_ms"], {})
         if "W8" in only and run == 0:
             d = w8_claim_latency(0)
             record("w8_claim_empty_p50", d["p50_ms"], d)

@@ -1,8 +1,9 @@
-"""The benchmark's tasks: a no-op taking one int, and probes that report when they ran."""
+"""The benchmark's tasks: a no-op taking one int, probes that report when they ran,
+and a chord's callback (W9)."""
 
 import time
 
-from django_pgqueue import task
+from django_pgqueue import TaskContext, task
 
 
 @task
@@ -23,3 +24,9 @@ def hold(seconds: float) -> float:
     started = time.time()
     time.sleep(seconds)
     return started
+
+
+@task(takes_context=True)
+def fan_in(context: TaskContext, members: int) -> int:
+    """A chord's callback (W9): how many of its parents succeeded, from their results."""
+    return sum(1 for p in context.parent_results().values() if p["state"] == "succeeded")
