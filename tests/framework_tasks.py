@@ -12,6 +12,7 @@ import signal
 
 from django.utils import timezone
 
+from django_pgqueue import Suspend, get_task
 from django_pgqueue.compat import (
     TaskContext,
     TaskResult,
@@ -124,6 +125,16 @@ def observed(fail: bool = False) -> str:
 @task
 def noisy() -> str:
     return "done despite the receivers"
+
+
+@task(takes_context=True)
+def await_signal(context: TaskContext, name: str) -> dict:
+    """Waits for the signal ``name`` (django_pgqueue's Suspend, raised from a framework
+    task), then returns its payload, read from the row's signals."""
+    row = get_task(int(context.task_result.id))
+    if name not in row.signals:
+        raise Suspend(name, timeout=60)
+    return {"payload": row.signals[name], "attempt": context.attempt}
 
 
 def plain(n: int) -> int:

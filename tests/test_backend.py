@@ -17,8 +17,9 @@ from django.db import transaction
 from django.test import override_settings
 from django.utils import timezone
 
-from django_pgqueue import cancel
+from django_pgqueue import cancel, get_task
 from django_pgqueue import exceptions as queue_errors
+from django_pgqueue import signal as send_signal
 from django_pgqueue.backends import PgQueueBackend
 from django_pgqueue.compat import (
     FRAMEWORK,
@@ -36,7 +37,7 @@ from django_pgqueue.exceptions import Cancelled
 from django_pgqueue.framework import FinishedAnnouncer, LeaseExpired, RecordedError
 from django_pgqueue.models import Task
 from django_pgqueue.registry import registry
-from tests import framework_tasks, tasks
+from tests import framework_tasks, tasks, workflow_tasks
 from tests.conftest import wait_until
 from tests.factories import TaskFactory
 from tests.testapp.models import Run
@@ -752,3 +753,42 @@ def test_task_finished_for_a_successful_task_is_sent_outside_any_exception():
         task_finished.disconnect(receiver)
 
     assert seen == [(SUCCESSFUL, (None, None, None))]
+
+
+# -- waiting work (docs/workflows.md) ---------------------------------------------------
+@with_worker
+def test_a_framework_task_that_raises_suspend_reads_ready_and_resumes_on_a_signal_to_its_id(
+    start_worker,
+):
+    # Given a framework task that suspends until the signal "approved"
+    result = framework_tasks.await_signal.enqueue("approved")
+    start_worker()
+    wait_until(lambda: get_task(int(result.id)).state == "waiting",
+               message="the task to suspend")  # fmt: skip
+    result.refresh()
+    assert (result.status, result.attempts, result.errors) == (READY, 0, [])
+
+    # When the signal is sent to its result id
+    assert send_signal(int(result.id), "approved", {"by": "ops"}) == "resumed"
+
+    # Then it runs again and succeeds, on the attempt the suspension refunded
+    wait_finished(result)
+    assert result.status == SUCCESSFUL
+    assert result.return_value == {"payload": {"by": "ops"}, "attempt": 1}
+    assert result.attempts == 1
+
+
+@with_worker
+def test_a_native_task_enqueued_after_a_framework_result_reads_its_return_value(start_worker):
+    # Given a framework task, and a native task that waits for it (after= takes the result)
+    result = framework_tasks.add.enqueue(2, 3)
+    callback = workflow_tasks.collect.using(after=[result]).enqueue("after add")
+    assert get_task(callback).state == "waiting"
+
+    # When a worker runs them
+    start_worker()
+    wait_until(lambda: get_task(callback).state == "succeeded", message="the callback to run")
+
+    # Then the callback ran after the framework task and read its return value
+    assert get_task(callback).result == {result.id: ["succeeded", 5]}
+    assert get_task(callback).started_at >= get_task(int(result.id)).finished_at
