@@ -102,7 +102,8 @@ def pauses() -> dict[str, dict[str, Any]]:
 
 def queue_overview() -> list[dict[str, Any]]:
     """Per (queue, task_name): pending routable / unroutable, scheduled, running,
-    waiting, failed (dead letters), the age in seconds of the oldest due task
+    waiting (and by what for: waiting_parents, waiting_signal, waiting_child; see
+    overview.WAIT_REASONS), failed (dead letters), the age in seconds of the oldest due task
     (``oldest_due_seconds``) and of the oldest running attempt, since its claim
     (``oldest_running_seconds``: a hung handler shows there; each None when there is no
     such task), and completed_5m / completed_1h / failed_5m / failed_1h (finished in the

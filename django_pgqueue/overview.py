@@ -41,12 +41,22 @@ def humanize_seconds(seconds: float | None) -> str:
     return f"{days}d {hours:02d}h"
 
 
+# What a waiting task waits for (its wait_reason), in words: its parents (enqueued
+# with after=, or a step of a chain, group or chord), a signal (it raised Suspend), or
+# a task it suspended on (context.wait_for). docs/workflows.md.
+WAIT_REASONS = {
+    "parents": "its parents",
+    "signal": "a signal",
+    "child": "a task it waits for",
+}
+
 COUNTS = (
     "pending_routable",
     "pending_unroutable",
     "scheduled",
     "running",
     "waiting",
+    *(f"waiting_{reason}" for reason in WAIT_REASONS),
     "failed",
     "completed_5m",
     "completed_1h",
@@ -87,6 +97,13 @@ class QueueGroup:
     paused_at: datetime | None = None
     limit: QueueLimit | None = None
     held_by: list[str] = field(default_factory=list)
+
+    @property
+    def waiting(self) -> dict[str, int]:
+        """Its waiting tasks by what they wait for: ``{"parents": N, "signal": N,
+        "child": N}`` (keys of WAIT_REASONS). Waiting tasks are not due: they are in no
+        due count, no age and nothing throttled."""
+        return {reason: self.totals[f"waiting_{reason}"] for reason in WAIT_REASONS}
 
     @property
     def limits(self) -> dict[str, Any]:

@@ -1278,6 +1278,9 @@ RETURNING t.state;
 --   waiting    pgqueue_task_waiting
 --   failed     pgqueue_task_retention  (every dead letter, with when it died)
 --   succeeded  pgqueue_task_retention  (finished_at within the last hour only)
+-- Waiting rows are also counted by what they wait for (wait_reason: 'parents',
+-- 'signal', 'child'); wait_reason is not in pgqueue_task_waiting, so that branch reads
+-- the heap row of each waiting row, and of nothing else.
 -- live_routes: the same definition as in fail_unroutable (keep them in step).
 WITH live_routes AS (
     SELECT DISTINCT q.queue, r.route ->> 0 AS task_name, (r.route ->> 1)::int AS version
@@ -1288,27 +1291,28 @@ WITH live_routes AS (
 ),
 tasks AS (
     SELECT queue, task_name, handler_version, state, run_at,
-           NULL::timestamptz AS finished_at, NULL::timestamptz AS attempted_at
+           NULL::timestamptz AS finished_at, NULL::timestamptz AS attempted_at,
+           NULL::text AS wait_reason
       FROM pgqueue_task
      WHERE state = 'scheduled'
     UNION ALL
-    SELECT queue, task_name, handler_version, state, run_at, NULL, NULL
+    SELECT queue, task_name, handler_version, state, run_at, NULL, NULL, NULL
       FROM pgqueue_task
      WHERE state = 'pending'
     UNION ALL
-    SELECT queue, task_name, handler_version, state, run_at, NULL, last_attempted_at
+    SELECT queue, task_name, handler_version, state, run_at, NULL, last_attempted_at, NULL
       FROM pgqueue_task
      WHERE state = 'running'
     UNION ALL
-    SELECT queue, task_name, handler_version, state, run_at, NULL, NULL
+    SELECT queue, task_name, handler_version, state, run_at, NULL, NULL, wait_reason
       FROM pgqueue_task
      WHERE state = 'waiting'
     UNION ALL
-    SELECT queue, task_name, handler_version, state, run_at, finished_at, NULL
+    SELECT queue, task_name, handler_version, state, run_at, finished_at, NULL, NULL
       FROM pgqueue_task
      WHERE state = 'failed'
     UNION ALL
-    SELECT queue, task_name, handler_version, state, run_at, finished_at, NULL
+    SELECT queue, task_name, handler_version, state, run_at, finished_at, NULL, NULL
       FROM pgqueue_task
      WHERE state = 'succeeded'
        AND finished_at >= now() - interval '1 hour'
@@ -1323,6 +1327,9 @@ SELECT t.queue,
        count(*) FILTER (WHERE t.state = 'scheduled' AND t.run_at > now()) AS scheduled,
        count(*) FILTER (WHERE t.state = 'running') AS running,
        count(*) FILTER (WHERE t.state = 'waiting') AS waiting,
+       count(*) FILTER (WHERE t.wait_reason = 'parents') AS waiting_parents,
+       count(*) FILTER (WHERE t.wait_reason = 'signal') AS waiting_signal,
+       count(*) FILTER (WHERE t.wait_reason = 'child') AS waiting_child,
        count(*) FILTER (WHERE t.state = 'failed') AS failed,
        EXTRACT(EPOCH FROM now() - min(t.run_at) FILTER (
            WHERE t.state IN ('pending', 'scheduled') AND t.run_at <= now()
