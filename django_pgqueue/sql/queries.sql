@@ -1178,9 +1178,14 @@ SELECT pg_has_role(current_user, c.relowner, 'USAGE')
 -- settlement turns into cancelled. Terminal tasks are left alone. hard also sets
 -- cancel_hard: the worker's heartbeat reads it (heartbeat) and, in process execution
 -- mode, kills the handler's process. A hard request is never downgraded by a soft one.
+-- A waiting task cancelled here stops waiting (its wait_* columns are cleared); the
+-- pgqueue_release_dependents trigger cancels what waits for it, in this transaction.
 UPDATE pgqueue_task
    SET state = CASE WHEN state = 'running' THEN state ELSE 'cancelled' END,
        finished_at = CASE WHEN state = 'running' THEN finished_at ELSE now() END,
+       wait_reason = CASE WHEN state = 'running' THEN wait_reason END,
+       wait_signal = CASE WHEN state = 'running' THEN wait_signal END,
+       wait_until = CASE WHEN state = 'running' THEN wait_until END,
        cancel_requested = true,
        cancel_hard = cancel_hard OR %(hard)s
  WHERE id = %(id)s
