@@ -44,6 +44,22 @@ def check_json(value: Any, where: str) -> Any:
         raise InvalidTaskError(f"{path}: {exc.reason}") from None
 
 
+def parse_json(text: str, where: str) -> Any:
+    """A JSON value typed by a person (the admin's forms, a command's option), checked
+    as ``check_json`` checks values; an empty text is null. Raises InvalidTaskError
+    saying where the text stops being JSON."""
+    if not text.strip():
+        return None
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise InvalidTaskError(
+            f"{where} is not JSON: {exc.msg} at line {exc.lineno}, column {exc.colno} "
+            '(a string needs double quotes: "yes"; an object: {"by": "ops"})'
+        ) from None
+    return check_json(value, where)
+
+
 def check_text(value: str, where: str) -> str:
     """Return ``value`` if PostgreSQL can store it as text, or raise InvalidTaskError."""
     problem = _text_problem(value)
