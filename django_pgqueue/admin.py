@@ -8,7 +8,8 @@ handler)", which a process-mode worker acts on), delete only matches finished ro
 
 Permissions are Django's model permissions, staff only (the admin site's login):
 viewing tasks, the overview and the workers needs ``view_task`` (or ``change_task``);
-retry, cancel and requeue need ``change_task``; delete needs ``delete_task``; removing
+retry, cancel, requeue and sending a signal need ``change_task``; delete needs
+``delete_task``; removing
 stale worker rows needs ``delete_worker``; pausing and resuming queues from the
 overview needs ``pause_queue`` (declared on the QueueOverview proxy).
 """
@@ -22,13 +23,14 @@ from datetime import timedelta
 from typing import Any
 from urllib.parse import urlencode
 
+from django import forms
 from django.contrib import admin, messages
 from django.contrib.admin.models import CHANGE, DELETION, LogEntry
 from django.core.exceptions import PermissionDenied
 from django.db import transaction
-from django.db.models import QuerySet
+from django.db.models import Count, Q, QuerySet
 from django.db.models.functions import Now
-from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
+from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
 from django.shortcuts import get_object_or_404
 from django.template.response import TemplateResponse
 from django.urls import path, reverse
@@ -40,17 +42,23 @@ from django_pgqueue import operations
 from django_pgqueue.conf import get_settings
 from django_pgqueue.exceptions import InvalidTaskError
 from django_pgqueue.models import (
+    LIVE_STATES,
     TERMINAL_STATES,
+    Dependency,
     Queue,
     QueueOverview,
     Task,
     TaskState,
     Worker,
 )
-from django_pgqueue.overview import build_overview, humanize_seconds
+from django_pgqueue.overview import WAIT_REASONS, build_overview, humanize_seconds
+from django_pgqueue.payload import parse_json
 from django_pgqueue.registry import registry
 
 JSON_DISPLAY_LIMIT = 100_000  # characters of a payload shown on the detail page
+# Dependency edges listed on a task's page, each way: a chord's callback may wait for
+# 10,000 parents, and its page reads the first 100 (and counts the rest).
+EDGE_DISPLAY_LIMIT = 100
 EMPTY = "-"
 # Who wrote an executions entry (the settle, the lease sweep, or a refused late run).
 _EXECUTION_SOURCES = {
@@ -87,6 +95,143 @@ def _pretty_json(value: Any) -> str:
     if len(text) > JSON_DISPLAY_LIMIT:
         text = text[:JSON_DISPLAY_LIMIT] + f"\n… ({len(text) - JSON_DISPLAY_LIMIT} more characters)"
     return format_html('<pre class="pgqueue-json">{}</pre>', text)
+
+
+def _state_html(state: str, label: str | None = None) -> str:
+    return format_html(
+        '<span class="pgqueue-state pgqueue-state-{}" style="color:{};font-weight:bold">{}</span>',
+        state,
+        STATE_COLOURS.get(state, "inherit"),
+        label or state,
+    )
+
+
+# -- waiting work: a task's dependency edges ------------------------------------------
+
+
+@dataclass(frozen=True)
+class Edges:
+    """Some of a task's dependency edges, one way (``rows``: at most
+    EDGE_DISPLAY_LIMIT, those not yet resolved first), and how many there are."""
+
+    rows: list[dict[str, Any]]  # task (the other end's id), task_name, state, resolved,
+    # proceed_on_failure; task_name and state are None for a task deleted since
+    total: int
+    unresolved: int
+
+
+def task_edges(task: Task, way: str) -> Edges:
+    """``way="parents"``: the tasks ``task`` waits for (or waited for), through
+    pgqueue_dep_child; ``"children"``: the tasks that wait for it, through
+    pgqueue_dep_edge (parent_id, child_id), read only if it has dependents. At most
+    EDGE_DISPLAY_LIMIT edges and their tasks (by primary key) are read, plus one count
+    when there are more. Cached on ``task`` for the page's fields."""
+    cache = task.__dict__.setdefault("_pgqueue_edges", {})
+    if way not in cache:
+        if way == "parents":
+            edges, other = Dependency.objects.filter(child_id=task.pk), "parent_id"
+        elif task.has_dependents:
+            edges, other = Dependency.objects.filter(parent_id=task.pk), "child_id"
+        else:
+            cache[way] = Edges([], 0, 0)
+            return cache[way]
+        rows = list(
+            edges.order_by("resolved", other).values(other, "resolved", "proceed_on_failure")[
+                :EDGE_DISPLAY_LIMIT
+            ]
+        )
+        if len(rows) < EDGE_DISPLAY_LIMIT:
+            total, unresolved = len(rows), sum(not r["resolved"] for r in rows)
+        else:
+            counts = edges.aggregate(
+                total=Count("pk"), unresolved=Count("pk", filter=Q(resolved=False))
+            )
+            total, unresolved = counts["total"], counts["unresolved"]
+        ids = [r[other] for r in rows]
+        found = {
+            pk: (name, state)
+            for pk, name, state in Task.objects.filter(pk__in=ids).values_list(
+                "pk", "task_name", "state"
+            )
+        }
+        cache[way] = Edges(
+            [
+                {
+                    "task": r[other],
+                    "task_name": found.get(r[other], (None, None))[0],
+                    "state": found.get(r[other], (None, None))[1],
+                    "resolved": r["resolved"],
+                    "proceed_on_failure": r["proceed_on_failure"],
+                }
+                for r in rows
+            ],
+            total,
+            unresolved,
+        )
+    return cache[way]
+
+
+def _edges_table(edges: Edges, one: str, many: str) -> str:
+    """The edges as a table of linked tasks, with "and N more" past the limit."""
+    if not edges.total:
+        return EMPTY
+    rows = [
+        (
+            reverse("admin:django_pgqueue_task_change", args=[edge["task"]]),
+            edge["task"],
+            edge["task_name"] or "(deleted since)",
+            _state_html(edge["state"]) if edge["state"] else EMPTY,
+            "yes" if edge["resolved"] else "no",
+            "run" if edge["proceed_on_failure"] else "cancel",
+        )
+        for edge in edges.rows
+    ]
+    more = edges.total - len(edges.rows)
+    return format_html(
+        '<p class="pgqueue-edges-summary">{} {}, {} not yet resolved{}</p>'
+        '<table class="pgqueue-edges"><thead><tr><th>task</th><th>name</th><th>state</th>'
+        "<th>resolved</th><th>after_failure</th></tr></thead><tbody>{}</tbody></table>{}",
+        edges.total,
+        one if edges.total == 1 else many,
+        edges.unresolved,
+        "; those not yet resolved first" if more else "",
+        format_html_join(
+            "",
+            '<tr><td><a href="{}">#{}</a></td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>',
+            rows,
+        ),
+        format_html('<p class="pgqueue-edges-more">and {} more</p>', more) if more else "",
+    )
+
+
+def _has_waiting_work(task: Task) -> bool:
+    """Whether the task's page shows the Waiting fieldset: it waits, was woken, holds
+    signals, or has dependency edges either way."""
+    return bool(
+        task.state == TaskState.WAITING
+        or task.wake is not None
+        or task.signals
+        or task.has_dependents
+        or task_edges(task, "parents").total
+    )
+
+
+class SignalForm(forms.Form):
+    """Send signal: a name and a JSON payload (django_pgqueue.signal)."""
+
+    name = forms.CharField(max_length=255, help_text="The name the task suspends on.")
+    payload = forms.CharField(
+        required=False,
+        widget=forms.Textarea(attrs={"rows": 3, "cols": 60}),
+        help_text='JSON, e.g. {"approved_by": "ops"} or "yes"; empty for null. The task '
+        "reads it in context.signals[name].",
+    )
+
+    def clean_payload(self) -> Any:
+        try:
+            return parse_json(self.cleaned_data["payload"], "the payload")
+        except InvalidTaskError as exc:
+            raise forms.ValidationError(str(exc)) from None
 
 
 # -- list filters ---------------------------------------------------------------------
@@ -131,6 +276,21 @@ class TaskNameFilter(admin.SimpleListFilter):
 
     def queryset(self, request, queryset):
         return queryset.filter(task_name=self.value()) if self.value() else queryset
+
+
+class WaitReasonFilter(admin.SimpleListFilter):
+    """Waiting tasks by what they wait for (through pgqueue_task_waiting)."""
+
+    title = "waiting for"
+    parameter_name = "wait_reason"
+
+    def lookups(self, request, model_admin):
+        return list(WAIT_REASONS.items())
+
+    def queryset(self, request, queryset):
+        if self.value():
+            return queryset.filter(state="waiting", wait_reason=self.value())
+        return queryset
 
 
 class DueFilter(admin.SimpleListFilter):
@@ -206,7 +366,17 @@ def _cancel(
         else "Cancel requested (the task was running).",
     )
     if cancelled:
-        messages.success(request, f"Cancelled {len(cancelled)} task(s).")
+        upstream = Task.objects.filter(pk__in=cancelled, has_dependents=True).exists()
+        messages.success(
+            request,
+            f"Cancelled {len(cancelled)} task(s)."
+            + (
+                " Tasks waiting for them were cancelled with them, except those that go on "
+                'after a failure (after_failure="run", or a context.wait_for).'
+                if upstream
+                else ""
+            ),
+        )
     if requested and hard:
         messages.success(
             request,
@@ -327,7 +497,14 @@ class TaskAdmin(admin.ModelAdmin):
         "age",
     )
     list_display_links = ("id", "task_name")
-    list_filter = ("state", QueueFilter, TaskNameFilter, "handler_version", DueFilter)
+    list_filter = (
+        "state",
+        QueueFilter,
+        TaskNameFilter,
+        "handler_version",
+        DueFilter,
+        WaitReasonFilter,
+    )
     search_fields = ("unique_key",)  # see get_search_results: exact id or unique key
     search_help_text = "An exact task id (123 or #123) or unique key."
     date_hierarchy = "enqueued_at"
@@ -392,6 +569,20 @@ class TaskAdmin(admin.ModelAdmin):
         ),
         ("Metadata", {"fields": ("metadata_display",), "classes": ("collapse",)}),
     )
+    # Shown (after the first fieldset) for a task that waits, waited, or is waited for.
+    waiting_fieldset = (
+        "Waiting (docs/workflows.md)",
+        {
+            "fields": (
+                "wait_display",
+                "wait_until_display",
+                "parents_display",
+                "children_display",
+                "signals_display",
+                "wake_display",
+            )
+        },
+    )
 
     # A task is never edited through a form: see the module docstring.
     def has_add_permission(self, request: HttpRequest) -> bool:
@@ -417,8 +608,14 @@ class TaskAdmin(admin.ModelAdmin):
         actions.pop("delete_selected", None)  # replaced by the state-checked delete
         return actions
 
+    def get_fieldsets(self, request: HttpRequest, obj: Task | None = None):
+        if obj is None or not _has_waiting_work(obj):
+            return self.fieldsets
+        return (self.fieldsets[0], self.waiting_fieldset, *self.fieldsets[1:])
+
     def get_readonly_fields(self, request: HttpRequest, obj: Task | None = None):
-        return [f for fieldset in self.fieldsets for f in fieldset[1]["fields"]]
+        fieldsets = (*self.fieldsets, self.waiting_fieldset)
+        return [f for fieldset in fieldsets for f in fieldset[1]["fields"]]
 
     def get_search_results(self, request: HttpRequest, queryset: QuerySet, search_term: str):
         term = search_term.strip()
@@ -441,13 +638,7 @@ class TaskAdmin(admin.ModelAdmin):
             label = "scheduled (due)"
         if obj.cancel_requested and obj.state == TaskState.RUNNING:
             label = "running (cancel requested)"
-        return format_html(
-            '<span class="pgqueue-state pgqueue-state-{}" style="color:{};font-weight:bold">'
-            "{}</span>",
-            obj.state,
-            STATE_COLOURS.get(obj.state, "inherit"),
-            label,
-        )
+        return _state_html(obj.state, label)
 
     @admin.display(description="attempts")
     def attempts(self, obj: Task) -> str:
@@ -486,6 +677,60 @@ class TaskAdmin(admin.ModelAdmin):
     @admin.display(description="metadata")
     def metadata_display(self, obj: Task) -> str:
         return _pretty_json(obj.metadata)
+
+    # -- waiting work (the "Waiting" fieldset) ----------------------------------------
+    @admin.display(description="waits for")
+    def wait_display(self, obj: Task) -> str:
+        if obj.state != TaskState.WAITING:
+            return EMPTY
+        if obj.wait_reason == "parents":
+            return format_html(
+                "its parents: {} of {} not yet ended (listed below)",
+                obj.parents_pending,
+                task_edges(obj, "parents").total,
+            )
+        if obj.wait_reason == "signal":
+            return format_html(
+                "the signal <code>{}</code> (<code>django_pgqueue.signal</code>, "
+                "<code>manage.py pgqueue_signal</code>, or Send signal above)",
+                obj.wait_signal,
+            )
+        if obj.wait_reason == "child":
+            return format_html(
+                "{} task(s) it suspended on (<code>context.wait_for</code>) to end, listed below",
+                obj.parents_pending,
+            )
+        return obj.wait_reason or EMPTY
+
+    @admin.display(description="times out")
+    def wait_until_display(self, obj: Task) -> str:
+        if obj.state != TaskState.WAITING:
+            return EMPTY
+        if obj.wait_until is None:
+            return "never (no timeout)"
+        left = (obj.wait_until - timezone.now()).total_seconds()
+        note = (
+            f"in {humanize_seconds(left)}"
+            if left >= 0
+            else f"passed {humanize_seconds(-left)} ago: the next stage of its queue wakes it"
+        )
+        return format_html("{} ({})", obj.wait_until.isoformat(timespec="seconds"), note)
+
+    @admin.display(description="parents (the tasks it waits for)")
+    def parents_display(self, obj: Task) -> str:
+        return _edges_table(task_edges(obj, "parents"), "parent", "parents")
+
+    @admin.display(description="children (the tasks waiting for it)")
+    def children_display(self, obj: Task) -> str:
+        return _edges_table(task_edges(obj, "children"), "child", "children")
+
+    @admin.display(description="signals delivered")
+    def signals_display(self, obj: Task) -> str:
+        return _pretty_json(obj.signals) if obj.signals else EMPTY
+
+    @admin.display(description="woken by")
+    def wake_display(self, obj: Task) -> str:
+        return _pretty_json(obj.wake)
 
     @admin.display(description="lease expires")
     def lease_expires_display(self, obj: Task) -> str:
@@ -575,7 +820,77 @@ class TaskAdmin(admin.ModelAdmin):
             self.admin_site.admin_view(self.operate_view),
             name="django_pgqueue_task_operate",
         )
-        return [operate, *urls]
+        send_signal = path(
+            "<path:object_id>/signal/",
+            self.admin_site.admin_view(self.signal_view),
+            name="django_pgqueue_task_signal",
+        )
+        return [operate, send_signal, *urls]
+
+    def signal_view(self, request: HttpRequest, object_id: str) -> HttpResponse:
+        """Send signal: GET shows the form, POST sends it (``operations.signal``,
+        state-checked in the database) and goes back to the task; a form with errors
+        is shown again with them. Needs ``change_task``."""
+        if not self.has_change_permission(request):
+            raise PermissionDenied("Send signal: permission denied (needs change_task)")
+        task = self.get_object(request, object_id)
+        if task is None:
+            raise Http404(f"no task with id {object_id!r}")
+        change_url = reverse("admin:django_pgqueue_task_change", args=[task.pk])
+        if request.method == "POST":
+            form = SignalForm(request.POST)
+            if form.is_valid():
+                name, payload = form.cleaned_data["name"], form.cleaned_data["payload"]
+                try:
+                    outcome = operations.signal(task.pk, name, payload)
+                except InvalidTaskError as exc:
+                    form.add_error(None, str(exc))
+                else:
+                    self._report_signal(request, task, name, outcome)
+                    return HttpResponseRedirect(change_url)
+        else:
+            form = SignalForm(initial={"name": task.wait_signal or ""})
+        context = {
+            **self.admin_site.each_context(request),
+            "title": f"Send a signal to task {task.pk}",
+            "opts": self.model._meta,
+            "original": task,
+            "form": form,
+            "change_url": change_url,
+            "waits_for_signal": task.wait_signal if task.state == TaskState.WAITING else None,
+            "live": task.state in LIVE_STATES,
+        }
+        return TemplateResponse(request, "admin/django_pgqueue/task/signal_form.html", context)
+
+    def _report_signal(
+        self, request: HttpRequest, task: Task, name: str, outcome: str | None
+    ) -> None:
+        if outcome == "resumed":
+            done = f"Sent signal {name!r}: task {task.pk} was waiting for it and is pending now."
+            messages.success(
+                request, f"{done} Its next attempt reads the payload in context.signals."
+            )
+        elif outcome == "stored":
+            done = f"Sent signal {name!r}: stored; task {task.pk} was not waiting for it."
+            waits = (
+                f" (it waits for {task.wait_signal!r})"
+                if task.state == TaskState.WAITING and task.wait_signal
+                else ""
+            )
+            messages.success(
+                request,
+                f"{done}{waits} The signal is kept: when the task suspends on {name!r}, it "
+                "resumes at once.",
+            )
+        else:
+            now = Task.objects.filter(pk=task.pk).values_list("state", flat=True).first()
+            messages.error(
+                request,
+                f"Not sent: task {task.pk} has finished ({now or 'deleted'}); a finished task "
+                "takes no signal.",
+            )
+            return
+        self.log(request, [task.pk], CHANGE, done)
 
     def operate_view(self, request: HttpRequest, object_id: str, operation: str) -> HttpResponse:
         op = OPERATIONS.get(operation)
@@ -589,14 +904,23 @@ class TaskAdmin(admin.ModelAdmin):
 
     def change_view(self, request, object_id, form_url="", extra_context=None):
         task = self.get_object(request, object_id)
-        buttons = []
+        buttons, send_signal = [], None
         if task is not None and self.has_change_permission(request):
             for name in DETAIL_BUTTONS:
                 op = OPERATIONS[name]
                 if task.state in op.applies_to:
                     url = reverse("admin:django_pgqueue_task_operate", args=[task.pk, name])
                     buttons.append({"label": op.label, "url": url, "name": name})
-        context = {**(extra_context or {}), "pgqueue_operations": buttons}
+            if task.state in LIVE_STATES:
+                send_signal = {
+                    "url": reverse("admin:django_pgqueue_task_signal", args=[task.pk]),
+                    "form": SignalForm(initial={"name": task.wait_signal or ""}),
+                }
+        context = {
+            **(extra_context or {}),
+            "pgqueue_operations": buttons,
+            "pgqueue_signal": send_signal,
+        }
         return super().change_view(request, object_id, form_url, context)
 
     def changelist_view(self, request, extra_context=None):
