@@ -9,7 +9,7 @@ from django import template
 from django.utils import formats, timezone
 from django.utils.text import capfirst
 
-from django_pgqueue.overview import HOLDS, humanize_seconds
+from django_pgqueue.overview import HOLDS, WAIT_REASONS, humanize_seconds
 
 register = template.Library()
 
@@ -24,6 +24,17 @@ def pgqueue_age(seconds: float | None) -> str:
 def pgqueue_holds(keys: list[str]) -> str:
     """What holds tasks back (keys of overview.HOLDS), in words."""
     return ", ".join(HOLDS[key] for key in keys)
+
+
+@register.filter
+def pgqueue_waiting_by(counts: dict[str, Any]) -> list[tuple[str, str, int]]:
+    """(reason, in words, count) for each wait reason with waiting tasks, from an
+    overview row or a queue's totals (their ``waiting_<reason>`` counts)."""
+    return [
+        (reason, words, counts[f"waiting_{reason}"])
+        for reason, words in WAIT_REASONS.items()
+        if counts.get(f"waiting_{reason}")
+    ]
 
 
 @register.inclusion_tag("admin/date_hierarchy.html")

@@ -11,7 +11,13 @@ from django.utils import timezone
 
 from django_pgqueue import operations
 from django_pgqueue.limits import queue_limits
-from django_pgqueue.overview import HOLDS, QueueGroup, group_by_queue, humanize_seconds
+from django_pgqueue.overview import (
+    HOLDS,
+    WAIT_REASONS,
+    QueueGroup,
+    group_by_queue,
+    humanize_seconds,
+)
 from django_pgqueue.periodic import schedules
 
 COLUMNS = (
@@ -35,8 +41,9 @@ CLEAR = "\x1b[H\x1b[2J"  # cursor home, clear screen: --watch redraws in place
 class Command(BaseCommand):
     help = (
         "Show per queue and task name: due (routable / unroutable), scheduled, running, "
-        "dead letters, oldest due age, what finished in the last 5 minutes and hour, and "
-        "what is throttled; per queue: live workers, pause and limits."
+        "waiting, dead letters, oldest due age, what finished in the last 5 minutes and "
+        "hour, and what is throttled; per queue: live workers, pause, limits, and what its "
+        "waiting tasks wait for."
     )
 
     def add_arguments(self, parser):
@@ -76,9 +83,10 @@ class Command(BaseCommand):
 
 
 def read_status() -> dict[str, Any]:
-    """``tasks``: the rows of ``queue_overview()``, each with ``paused`` (its task name
-    is), ``held_by`` and ``throttled`` (overview.QueueGroup); ``queues``: one entry per
-    queue with tasks, live workers or a pause (``_queue``)."""
+    """``tasks``: the rows of ``queue_overview()`` (with ``waiting_parents``,
+    ``waiting_signal``, ``waiting_child``), each with ``paused`` (its task name is),
+    ``held_by`` and ``throttled`` (overview.QueueGroup); ``queues``: one entry per queue
+    with tasks, live workers or a pause (``_queue``)."""
     groups = group_by_queue(
         operations.queue_overview(),
         operations.queue_capacity(),
@@ -106,6 +114,8 @@ def _queue(group: QueueGroup) -> dict[str, Any]:
         "limits": group.limits,
         "held_by": group.held_by,
         "throttled": group.totals["throttled"],
+        "waiting": group.totals["waiting"],
+        "waiting_by_reason": group.waiting,
     }
 
 
@@ -162,14 +172,15 @@ def _queue_lines(queues: list[dict[str, Any]]) -> list[str]:
     if not queues:
         return []
     header = ["queue", "workers", "slots", "in flight", "paused", "limits", "held back",
-              "throttled"]  # fmt: skip
+              "throttled", "waiting for"]  # fmt: skip
     lines = [
         [q["queue"], str(q["workers"]), str(q["slots"]), str(q["in_flight"]), _paused(q),
-         _limits(q), ", ".join(HOLDS[key] for key in q["held_by"]) or "-", str(q["throttled"])]
+         _limits(q), ", ".join(HOLDS[key] for key in q["held_by"]) or "-", str(q["throttled"]),
+         _waiting(q)]
         for q in queues
     ]  # fmt: skip
     widths = [max(len(cell) for cell in column) for column in zip(header, *lines, strict=False)]
-    text = {0, 4, 5, 6}  # left-aligned; the counts right-aligned
+    text = {0, 4, 5, 6, 8}  # left-aligned; the counts right-aligned
     return [
         "  ".join(
             cell.ljust(width) if index in text else cell.rjust(width)
@@ -188,6 +199,12 @@ def _paused(queue: dict[str, Any]) -> str:
     if queue["paused_at"] is not None:
         parts[-1] += timezone.localtime(queue["paused_at"]).strftime(" since %Y-%m-%d %H:%M:%S")
     return "; ".join(parts)
+
+
+def _waiting(queue: dict[str, Any]) -> str:
+    """``parents 2, signal 1``: its waiting tasks by what they wait for."""
+    by_reason = queue["waiting_by_reason"]
+    return ", ".join(f"{r} {by_reason[r]}" for r in WAIT_REASONS if by_reason[r]) or "-"
 
 
 def _limits(queue: dict[str, Any]) -> str:
