@@ -9,7 +9,8 @@ Two sources, served by two kinds of process (docs/metrics.md lists every metric)
 * ``QueueCollector`` reads the queue from the database (pending, unroutable,
   scheduled, running, waiting and dead tasks by queue and task name; the ages of the
   oldest due task and of the oldest running attempt, live workers and slots by queue;
-  pauses, concurrency limits and throttled tasks, as overview.group_by_queue decides).
+  pauses, concurrency limits and throttled tasks, as overview.group_by_queue decides;
+  waiting tasks by queue and what they wait for).
   With ``PGQUEUE["QUEUE_METRICS"]`` (the default) the app registers it in
   prometheus_client's default registry at startup, which is what django-prometheus
   serves from the web process. A worker serves it too only with
@@ -201,7 +202,11 @@ _TASK_GAUGES = (
     ),
     ("scheduled", "pgqueue_tasks_scheduled", "Scheduled tasks (run_at in the future)"),
     ("running", "pgqueue_tasks_running", "Tasks under a worker's lease"),
-    ("waiting", "pgqueue_tasks_waiting", "Tasks waiting for a signal or timeout"),
+    (
+        "waiting",
+        "pgqueue_tasks_waiting",
+        "Tasks waiting (not due): for their parents, a signal, or a task they suspended on",
+    ),
     ("failed", "pgqueue_tasks_failed", "Dead letters: tasks failed for good, kept until DEAD_TTL"),
 )
 _QUEUE_GAUGES = (
@@ -238,6 +243,13 @@ _CONCURRENCY_LIMIT = (
     "pgqueue_queue_concurrency_limit",
     "The queue's fleet-wide concurrency limit (QUEUE_LIMITS)",
 )
+# Every queue, one series per reason (0 included), so a reason with no waiting task
+# reads 0 rather than absent.
+_QUEUE_WAITING = (
+    "pgqueue_queue_waiting",
+    "Waiting tasks of the queue by what they wait for: reason parents (after=, a chain, "
+    "group or chord), signal (Suspend) or child (context.wait_for); not due, so in no age",
+)
 
 
 class QueueCollector(Collector):
@@ -258,6 +270,7 @@ class QueueCollector(Collector):
             yield GaugeMetricFamily(name, documentation, labels=["queue"])
         yield GaugeMetricFamily(*_TASK_PAUSED, labels=["queue", "task_name"])
         yield GaugeMetricFamily(*_CONCURRENCY_LIMIT, labels=["queue"])
+        yield GaugeMetricFamily(*_QUEUE_WAITING, labels=["queue", "reason"])
         yield GaugeMetricFamily("pgqueue_queue_metrics_up", "1 if the last read succeeded")
 
     def collect(self) -> Iterable[Metric]:
@@ -319,7 +332,7 @@ def queue_metric_families(
 ) -> list[Metric]:
     """The gauges for one read of ``queue_overview``, ``queue_capacity`` and
     ``pauses``, with the limits of QUEUE_LIMITS."""
-    from django_pgqueue.overview import group_by_queue
+    from django_pgqueue.overview import WAIT_REASONS, group_by_queue
 
     task_families = {
         key: GaugeMetricFamily(name, documentation, labels=["queue", "task_name"])
@@ -347,6 +360,7 @@ def queue_metric_families(
             family.add_metric([queue, task_name], values[key])
     limits = queue_limits()
     task_paused = GaugeMetricFamily(*_TASK_PAUSED, labels=["queue", "task_name"])
+    queue_waiting = GaugeMetricFamily(*_QUEUE_WAITING, labels=["queue", "reason"])
     for group in group_by_queue(overview, capacity, pauses, limits):
         per_queue = per_queue_values(group.name)
         per_queue["workers"] = group.workers
@@ -356,6 +370,8 @@ def queue_metric_families(
         per_queue["oldest_unthrottled_seconds"] = group.totals["oldest_unthrottled_seconds"] or 0.0
         for task_name in group.paused_tasks:
             task_paused.add_metric([group.name, task_name], 1)
+        for reason in WAIT_REASONS:
+            queue_waiting.add_metric([group.name, reason], group.waiting[reason])
     concurrency_limit = GaugeMetricFamily(*_CONCURRENCY_LIMIT, labels=["queue"])
     for queue, limit in sorted(limits.items()):
         if limit.concurrency is not None:
@@ -366,7 +382,13 @@ def queue_metric_families(
         for queue, values in sorted(queue_values.items()):
             family.add_metric([queue], values[key])
         queue_families.append(family)
-    return [*task_families.values(), *queue_families, task_paused, concurrency_limit]
+    return [
+        *task_families.values(),
+        *queue_families,
+        task_paused,
+        concurrency_limit,
+        queue_waiting,
+    ]
 
 
 _queue_collector: QueueCollector | None = None
