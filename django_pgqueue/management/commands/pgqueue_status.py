@@ -168,19 +168,20 @@ def _moment(value: Any) -> str:
 
 
 def _queue_lines(queues: list[dict[str, Any]]) -> list[str]:
-    """Per queue: live workers, pause, limits and what holds its due tasks back."""
+    """Per queue: live workers, what its waiting tasks wait for, pause, limits and what
+    holds its due tasks back."""
     if not queues:
         return []
-    header = ["queue", "workers", "slots", "in flight", "paused", "limits", "held back",
-              "throttled", "waiting for"]  # fmt: skip
+    header = ["queue", "workers", "slots", "in flight", "waiting for", "paused", "limits",
+              "held back", "throttled"]  # fmt: skip
     lines = [
-        [q["queue"], str(q["workers"]), str(q["slots"]), str(q["in_flight"]), _paused(q),
-         _limits(q), ", ".join(HOLDS[key] for key in q["held_by"]) or "-", str(q["throttled"]),
-         _waiting(q)]
+        [q["queue"], str(q["workers"]), str(q["slots"]), str(q["in_flight"]), _waiting(q),
+         _paused(q), _limits(q), ", ".join(HOLDS[key] for key in q["held_by"]) or "-",
+         str(q["throttled"])]
         for q in queues
     ]  # fmt: skip
     widths = [max(len(cell) for cell in column) for column in zip(header, *lines, strict=False)]
-    text = {0, 4, 5, 6, 8}  # left-aligned; the counts right-aligned
+    text = {0, 4, 5, 6, 7}  # left-aligned; the counts right-aligned
     return [
         "  ".join(
             cell.ljust(width) if index in text else cell.rjust(width)
