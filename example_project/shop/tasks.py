@@ -43,6 +43,25 @@ def send_newsletter(subscriber: int) -> str:
     return f"newsletter sent to subscriber {subscriber}"
 
 
+@task
+def render_invoice_page(order_id: int, page: int) -> dict:
+    """One page of an order's invoice. The pages of an invoice render side by side: the
+    members of a chord (docs/workflows.md), enqueued with bundle_invoice as its callback."""
+    time.sleep(0.1)  # the PDF engine at work
+    return {"page": page, "file": f"invoice-{order_id}-page-{page}.pdf"}
+
+
+@task(takes_context=True)
+def bundle_invoice(context: TaskContext, order_id: int) -> str:
+    """The chord's callback: runs once, after every page has rendered, and reads the
+    pages' results (it gets them from the database, not as arguments)."""
+    pages = sorted(
+        (parent["result"] for parent in context.parent_results().values()),
+        key=lambda result: result["page"],
+    )
+    return f"invoice-{order_id}.pdf from {', '.join(page['file'] for page in pages)}"
+
+
 @periodic(every=1)
 @task
 def tick_clock() -> str:

@@ -11,10 +11,13 @@ from django.db import transaction
 
 from django_pgqueue.models import TERMINAL_STATES, Task
 from django_pgqueue.worker.worker import Worker, WorkerOptions
+from django_pgqueue.workflows import chord
 from example_project.shop.models import Order
 from example_project.shop.tasks import (
+    bundle_invoice,
     flaky_sync,
     rebuild_report,
+    render_invoice_page,
     send_newsletter,
     send_receipt,
     tick_clock,
@@ -36,6 +39,13 @@ class Command(BaseCommand):
                 )
                 ids.append(send_receipt.enqueue(order.id))
                 ids.append(flaky_sync.enqueue(order.id))
+                if n == 0:
+                    # Three pages side by side, then one bundle once they are all done.
+                    pages, bundle = chord(
+                        [render_invoice_page.step(order.id, page) for page in (1, 2, 3)],
+                        bundle_invoice.step(order.id),
+                    )
+                    ids.extend([*pages, bundle])
         ids.append(rebuild_report.using(priority=5).enqueue(days=5))
         newsletters = send_newsletter.enqueue_many(range(1, 9))
         ids.extend(newsletters)
@@ -70,14 +80,14 @@ class Command(BaseCommand):
             worker.stop()
             thread.join()
 
-        self.stdout.write("\n  id  task             state       attempts  result or last error")
+        self.stdout.write("\n  id  task                 state       attempts  result or last error")
         for row in Task.objects.filter(pk__in=ids).order_by("pk"):
             if row.state == "succeeded":
                 outcome = row.result
             else:
                 outcome = (row.errors or [{}])[-1].get("message")
             self.stdout.write(
-                f"{row.pk:>4}  {row.task_name.rsplit('.', 1)[-1]:<16} "
+                f"{row.pk:>4}  {row.task_name.rsplit('.', 1)[-1]:<20} "
                 f"{row.state:<11} {row.attempt:>8}  {outcome}"
             )
         sends = list(
@@ -88,6 +98,17 @@ class Command(BaseCommand):
         self.stdout.write(
             f"\n{len(sends)} newsletters on the rate-limited 'emails' queue (4/s) started "
             f"{gaps} s apart"
+        )
+        rendered = Task.objects.filter(pk__in=pages)
+        starts = [row.started_at for row in rendered]
+        last_page = max(row.finished_at for row in rendered)
+        bundled = Task.objects.get(pk=bundle)
+        self.stdout.write(
+            f"the invoice's {len(pages)} pages rendered side by side (their starts "
+            f"{(max(starts) - min(starts)).total_seconds() * 1000:.0f} ms apart), then "
+            f"bundle_invoice ran once, "
+            f"{(bundled.started_at - last_page).total_seconds() * 1000:.0f} ms after the "
+            "last page ended"
         )
         recent = ticks.order_by("-id")[: ticks.count() - ticks_before]
         self.stdout.write(
