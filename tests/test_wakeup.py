@@ -135,8 +135,10 @@ def test_an_idle_worker_runs_no_statement_when_tasks_arrive_in_another_queue(sta
     assert int(stats["next_due_statements"]) <= 2, stats
 
 
+# Advisory locks are per database; pg_locks shows every database's (other test runs').
 PARKED_MARKS = (
-    "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND classid = 1885827329 AND granted"
+    "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND classid = 1885827329 "
+    "AND granted AND database = (SELECT oid FROM pg_database WHERE datname = current_database())"
 )
 
 

@@ -1217,10 +1217,18 @@ ON CONFLICT (id) DO UPDATE SET last_heartbeat_at = now();
 
 
 -- name: touch_worker
--- The worker's own liveness, written by its heartbeat beside the lease renewal.
+-- The worker's own liveness, written by its heartbeat beside the lease renewal, and the
+-- number of live workers (heartbeat within the stale window): the fleet-wide duties
+-- (sweeps, vacuum checks, pruning) run in each process N times less often in a fleet
+-- of N, so the fleet's rate of them stays the same however many processes it has.
+-- pgqueue_worker has one row per worker process: no index needed.
 UPDATE pgqueue_worker
    SET last_heartbeat_at = now(), in_flight = %(in_flight)s
- WHERE id = %(id)s;
+ WHERE id = %(id)s
+RETURNING (SELECT count(*)
+             FROM pgqueue_worker
+            WHERE last_heartbeat_at > now() - make_interval(secs => %(stale_seconds)s))
+          AS live_workers;
 
 
 -- name: unregister_worker

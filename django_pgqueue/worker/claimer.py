@@ -115,6 +115,14 @@ class Claimer:
             pool, async_routes = async_lane
             lane = _Lane(pool, async_routes, params(async_routes), limits=limits)
             self._lanes = [lane for lane in [*self._lanes, lane] if lane.routes]
+        # Both lanes at once, for the claims of an idle worker (see _claim_round).
+        self._both = (
+            _Lane(slots, [r for lane in self._lanes for r in lane.routes],
+                  params([r for lane in self._lanes for r in lane.routes]), limits=limits)
+            if len(self._lanes) > 1
+            else None
+        )  # fmt: skip
+        self._idle_rounds = False  # the last round claimed nothing in any lane
         self._lane_of = {route: lane for lane in self._lanes for route in lane.routes}
         self._stage_at = 0.0  # monotonic: stage before the next claim once past it
         # The last next-due lookup found no scheduled task of our queues, and the claimer
@@ -220,7 +228,7 @@ class Claimer:
                 continue
             # Idle means: a claim that started after every outcome was written (so it
             # saw every task those outcomes made due again) found nothing.
-            throttled = any(lane.throttled_until > time.monotonic() for lane in self._lanes)
+            throttled = any(lane.throttled_until > time.monotonic() for lane in self._all_lanes)
             if not claimed and settled_before and not self.inflight and not throttled:
                 self.idle.set()
             else:
@@ -283,6 +291,10 @@ class Claimer:
                 changed.wait_for(lambda: available() >= minimum, linger)
             return available()
 
+    @property
+    def _all_lanes(self) -> list[_Lane]:
+        return [*self._lanes, *([self._both] if self._both is not None else [])]
+
     def _ask_every_lane(self) -> None:
         for lane in self._lanes:
             lane.short_at = None
@@ -305,6 +317,23 @@ class Claimer:
         # Each lane bounds what it holds unsettled, as max_held does for the process
         # (_run checks that first: with one lane, the two bounds are the same).
         held = self._held_by_lane() if len(self._lanes) > 1 else None
+        # An idle worker with two lanes (thread and async slots) asks for both in one
+        # claim: its polls cost one statement, not one per lane. Each lane gets at most
+        # its free slots; once anything is found, it claims per lane again.
+        want = min(lane.pool.free() for lane in self._lanes)
+        if (
+            self._both is not None
+            and self._idle_rounds
+            and not held
+            and want > 0
+            and self._both.throttled_until <= now
+            and all(lane.recheck_in(now) <= 0 for lane in self._lanes)
+        ):
+            got = self._claim(self._both, want, look)
+            self._idle_rounds = got == 0
+            for lane in self._lanes:
+                lane.short_at = None if got == want else now
+            return claimed + got, got == want
         busy = False
         for lane in self._lanes:
             want = lane.pool.free()
@@ -325,6 +354,7 @@ class Claimer:
                 lane.short_at = None
             else:
                 lane.short_at = now
+        self._idle_rounds = claimed == 0 and not busy
         return claimed, busy
 
     def _held_by_lane(self) -> Counter:
@@ -440,6 +470,10 @@ class Claimer:
     def _hand_over(self, tasks: list[ClaimedTask], lane: _Lane, adopted: bool = False) -> None:
         if not tasks:
             return
+        if lane is self._both:  # a claim for both lanes: each task to its own
+            for own in self._lanes:
+                self._hand_over([t for t in tasks if self._lane_of.get(t.route) is own], own)
+            return
         tasks.sort(key=lambda t: (-t.priority, t.run_at, t.id))
         self.inflight.add(tasks)
         lane.pool.submit(tasks, overflow=adopted)
@@ -450,7 +484,7 @@ class Claimer:
         a rate limit allows, or a poll."""
         timeout = self.poll_interval * random.uniform(0.9, 1.1)
         now = time.monotonic()
-        for lane in self._lanes:
+        for lane in self._all_lanes:
             if lane.throttled_until > now:
                 timeout = min(timeout, lane.throttled_until - now)
         self.stats.incr("next_due_statements")

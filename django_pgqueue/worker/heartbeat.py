@@ -16,7 +16,7 @@ from collections.abc import Callable
 from django_pgqueue.sql import QUERIES
 from django_pgqueue.worker.claimed import ClaimedTask, Lease
 from django_pgqueue.worker.inflight import InFlight
-from django_pgqueue.worker.periodic import Periodic
+from django_pgqueue.worker.periodic import Fleet, Periodic
 from django_pgqueue.worker.stats import WorkerStats
 
 logger = logging.getLogger("django_pgqueue.worker")
@@ -35,8 +35,13 @@ class Heartbeat(Periodic):
         stats: WorkerStats,
         register: Callable[[], None],
         on_hard_cancel: Callable[[ClaimedTask], None] | None = None,
+        fleet: Fleet | None = None,
+        stale_after: float = 60.0,
     ) -> None:
         super().__init__(alias, interval)
+        # Counted by each beat, read by the fleet-wide duties (periodic.py).
+        self.live = fleet or Fleet()
+        self.stale_after = stale_after
         self.lease_seconds = lease_seconds
         self.worker_id = worker_id
         self.inflight = inflight
@@ -50,13 +55,19 @@ class Heartbeat(Periodic):
 
     def tick(self) -> None:
         self.renew_leases()
-        params = {"in_flight": len(self.inflight), "id": self.worker_id}
+        params = {
+            "in_flight": len(self.inflight),
+            "id": self.worker_id,
+            "stale_seconds": self.stale_after,
+        }
         touched = self.session.call(
-            lambda conn: conn.execute(QUERIES["touch_worker"], params).rowcount
+            lambda conn: conn.execute(QUERIES["touch_worker"], params).fetchall()
         )
         if not touched:
             logger.info("heartbeat: worker row was cleaned up (outage?); registering again")
             self.register()
+            return
+        self.live.size = max(1, touched[0][0])
 
     def renew_leases(self) -> None:
         tasks = self.inflight.snapshot()

@@ -11,17 +11,37 @@ from django_pgqueue.worker.connection import Session
 logger = logging.getLogger("django_pgqueue.worker")
 
 
+# A fleet-wide duty ticks at most this many times less often in each process than its
+# interval: with 10 or more live workers, each sweeps every 10 x SWEEP_INTERVAL.
+FLEET_SCALE_CAP = 10
+
+
+class Fleet:
+    """How many live workers the fleet has, as the last heartbeat read it (1 until then)."""
+
+    def __init__(self) -> None:
+        self.size = 1
+
+
 class Periodic:
     """A daemon thread calling ``tick()`` every ``interval`` seconds (jittered +/-10%).
 
     Each component owns one database session, so a slow or broken statement in one
     never blocks another. ``tick`` errors are logged and the loop carries on.
+
+    A fleet-wide duty (``fleet`` given: the sweeper, the vacuumer, the pruner) is one
+    the fleet needs done every ``interval``, not each process: it ticks every
+    ``interval`` x the number of live workers, up to FLEET_SCALE_CAP x ``interval``,
+    so the fleet's processes share it (each tick's phase is random, so their ticks
+    spread over the interval), and the longest gap between two ticks of the fleet stays
+    bounded by the cap whatever the fleet's size.
     """
 
     name = "periodic"
 
-    def __init__(self, alias: str, interval: float) -> None:
+    def __init__(self, alias: str, interval: float, fleet: Fleet | None = None) -> None:
         self.interval = interval
+        self.fleet = fleet
         self._stop = threading.Event()
         self.session = Session(alias, self.name, self._stop)
         self._thread = threading.Thread(target=self._run, name=f"pgqueue-{self.name}", daemon=True)
@@ -37,7 +57,12 @@ class Periodic:
 
     def wait_first(self) -> float:
         """Seconds before the first tick."""
-        return self.interval * random.uniform(0.1, 1.0)
+        return self.period * random.uniform(0.1, 1.0)
+
+    @property
+    def period(self) -> float:
+        """Seconds between this process's ticks."""
+        return self.interval * (min(self.fleet.size, FLEET_SCALE_CAP) if self.fleet else 1)
 
     def _run(self) -> None:
         delay = self.wait_first()
@@ -48,7 +73,7 @@ class Periodic:
                 if self._stop.is_set():
                     break
                 logger.exception("%s: tick failed; will retry", self.name)
-            delay = self.interval * random.uniform(0.9, 1.1)
+            delay = self.period * random.uniform(0.9, 1.1)
 
     def tick(self) -> None:  # pragma: no cover - abstract
         raise NotImplementedError

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 
-from django_pgqueue.worker.periodic import Periodic
+from django_pgqueue.worker.periodic import Fleet, Periodic
 from django_pgqueue.worker.stats import WorkerStats
 
 logger = logging.getLogger("django_pgqueue.worker")
@@ -25,8 +25,9 @@ class Pruner(Periodic):
         dead_ttl: float,
         batch: int,
         stats: WorkerStats,
+        fleet: Fleet | None = None,
     ) -> None:
-        super().__init__(alias, interval)
+        super().__init__(alias, interval, fleet)
         self.result_ttl = result_ttl
         self.dead_ttl = dead_ttl
         self.batch = batch

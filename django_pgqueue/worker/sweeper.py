@@ -7,8 +7,9 @@ every time runs out of attempts and dead-letters instead of looping.
 from __future__ import annotations
 
 import logging
+import time
 
-from django_pgqueue.worker.periodic import Periodic
+from django_pgqueue.worker.periodic import Fleet, Periodic
 from django_pgqueue.worker.stats import WorkerStats
 
 logger = logging.getLogger("django_pgqueue.worker")
@@ -26,18 +27,21 @@ class Sweeper(Periodic):
         stale_after: float,
         unroutable_ttl: float | None,
         stats: WorkerStats,
+        fleet: Fleet | None = None,
     ) -> None:
-        super().__init__(alias, interval)
+        super().__init__(alias, interval, fleet)
         self.stale_after = stale_after
         self.unroutable_ttl = unroutable_ttl
         self.stats = stats
-        self._ticks = 0
+        self._cleanup_at = time.monotonic() + stale_after / 2
 
     def tick(self) -> None:
         self.recover_expired_leases()
-        self._ticks += 1
-        if self._ticks * self.interval >= self.stale_after / 2:
-            self._ticks = 0
+        now = time.monotonic()
+        if now >= self._cleanup_at:
+            # Also a fleet-wide duty: every stale_after / 2 in each of N processes'
+            # turn, about every stale_after / 2 across the fleet.
+            self._cleanup_at = now + self.period / self.interval * self.stale_after / 2
             removed = self.session.fetchall(
                 "delete_stale_workers", {"stale_seconds": self.stale_after}
             )

@@ -19,7 +19,7 @@ import logging
 import time
 
 from django_pgqueue.sql import QUERIES
-from django_pgqueue.worker.periodic import Periodic
+from django_pgqueue.worker.periodic import Fleet, Periodic
 from django_pgqueue.worker.stats import WorkerStats
 
 logger = logging.getLogger("django_pgqueue.worker")
@@ -28,8 +28,15 @@ logger = logging.getLogger("django_pgqueue.worker")
 class Vacuumer(Periodic):
     name = "vacuumer"
 
-    def __init__(self, alias: str, interval: float, threshold: int, stats: WorkerStats) -> None:
-        super().__init__(alias, interval)
+    def __init__(
+        self,
+        alias: str,
+        interval: float,
+        threshold: int,
+        stats: WorkerStats,
+        fleet: Fleet | None = None,
+    ) -> None:
+        super().__init__(alias, interval, fleet)
         self.threshold = threshold
         self.stats = stats
         self._allowed: bool | None = None

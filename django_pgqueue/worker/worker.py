@@ -30,6 +30,7 @@ from django_pgqueue.worker.execution import execute
 from django_pgqueue.worker.heartbeat import Heartbeat
 from django_pgqueue.worker.inflight import InFlight
 from django_pgqueue.worker.outcomes import Outcome, released
+from django_pgqueue.worker.periodic import Fleet
 from django_pgqueue.worker.prefork import DEADLINE_MARGIN, PreforkPool
 from django_pgqueue.worker.pruner import Pruner
 from django_pgqueue.worker.scheduler import Scheduler
@@ -160,6 +161,9 @@ class Worker:
             limits=self.limits,
             key_limits=key_limits,
         )
+        # The live workers, counted by the heartbeat: the fleet-wide duties (sweeper,
+        # vacuumer, pruner) tick N times less often in each of N processes.
+        self.fleet = Fleet()
         self.heartbeat = Heartbeat(
             self.alias,
             options.heartbeat_seconds,
@@ -169,6 +173,8 @@ class Worker:
             self.stats,
             self._register,
             on_hard_cancel=self._on_hard_cancel,
+            fleet=self.fleet,
+            stale_after=conf.WORKER_STALE_AFTER,
         )
         self.sweeper = Sweeper(
             self.alias,
@@ -176,9 +182,12 @@ class Worker:
             conf.WORKER_STALE_AFTER,
             conf.UNROUTABLE_TTL,
             self.stats,
+            fleet=self.fleet,
         )
         self.vacuumer = (
-            Vacuumer(self.alias, conf.VACUUM_INTERVAL, conf.VACUUM_THRESHOLD, self.stats)
+            Vacuumer(
+                self.alias, conf.VACUUM_INTERVAL, conf.VACUUM_THRESHOLD, self.stats, self.fleet
+            )
             if conf.VACUUM_INTERVAL
             else None
         )
@@ -190,6 +199,7 @@ class Worker:
                 conf.DEAD_TTL,
                 conf.PRUNE_BATCH,
                 self.stats,
+                fleet=self.fleet,
             )
             if options.prune
             else None
