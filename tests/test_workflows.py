@@ -350,3 +350,14 @@ def test_a_chain_of_a_thousand_steps_completes(start_worker):
     start_worker()
     wait_state(ids[-1], "succeeded", timeout=120)
     assert Task.objects.filter(pk__in=ids, state="succeeded").count() == 1000
+
+
+def test_retention_prunes_the_edges_of_the_tasks_it_prunes(pg):
+    parent = step.enqueue("a")
+    child = step.using(after=[parent]).enqueue("b")
+    for _ in range(2):
+        (claimed,) = sqlhelpers.claim(pg, 1)
+        sqlhelpers.settle(pg, [sqlhelpers.success(claimed, "ok")])
+    assert state(child) == "succeeded" and Dependency.objects.count() == 1
+    pg.execute(sqlhelpers.QUERIES["prune"], {"result_ttl": 0, "dead_ttl": 0, "batch": 100})
+    assert Task.objects.count() == 0 and Dependency.objects.count() == 0

@@ -1246,7 +1246,9 @@ RETURNING id;
 -- name: prune
 -- Retention: delete a small batch of terminal rows past their time to live, oldest
 -- first, through pgqueue_task_retention. A terminal row has no lease (settlement
--- clears it), so nothing a worker holds can be pruned.
+-- clears it), so nothing a worker holds can be pruned. The pruned tasks' workflow
+-- edges go with them (pgqueue_dep_child and pgqueue_dep_edge, by id): a live task
+-- loses at most a finished parent from its parent_results.
 WITH doomed AS MATERIALIZED (
     (SELECT id FROM pgqueue_task
       WHERE state = 'succeeded'
@@ -1262,12 +1264,20 @@ WITH doomed AS MATERIALIZED (
       WHERE state = 'failed'
         AND finished_at < now() - make_interval(secs => %(dead_ttl)s)
       ORDER BY state, finished_at LIMIT %(batch)s)
+),
+pruned AS (
+    DELETE FROM pgqueue_task AS t
+     USING doomed AS d
+     WHERE t.id = d.id
+       AND t.lease_token IS NULL
+    RETURNING t.id, t.state
+),
+edges AS (
+    DELETE FROM pgqueue_dependency AS e
+     USING pruned AS p
+     WHERE e.child_id = p.id OR e.parent_id = p.id
 )
-DELETE FROM pgqueue_task AS t
- USING doomed AS d
- WHERE t.id = d.id
-   AND t.lease_token IS NULL
-RETURNING t.state;
+SELECT state FROM pruned;
 
 
 -- name: queue_overview
@@ -1461,6 +1471,26 @@ SELECT q.queue,
  WHERE w.last_heartbeat_at > now() - make_interval(secs => %(stale_seconds)s)
  GROUP BY q.queue
  ORDER BY q.queue;
+
+
+-- name: replica_lag
+-- How far READ_DATABASE (a streaming replica the overview, pgqueue_status and the
+-- queue gauges read from) is behind its primary, read on the replica: the age, by its
+-- clock, of the primary's commit of the last transaction it has replayed. Its reads
+-- show the queue as it was that long ago. in_recovery tells a standby from a primary:
+-- pg_last_xact_replay_timestamp() is NULL on a server that never was a standby, but a
+-- standby promoted since keeps its last value, and a primary is behind nothing.
+-- lag_seconds is NULL on a standby that has replayed no transaction since it started.
+-- Not zeroed when all WAL received is replayed: a standby cut off from its primary has
+-- nothing left to replay either, and falls further behind each second. The price: an
+-- idle primary (no commits) reads as a growing lag; every running worker commits its
+-- heartbeat each HEARTBEAT_SECONDS, so a caught-up replica of a live fleet reads at
+-- most about that. GREATEST: the two servers' clocks may differ by a little, and a
+-- replica is never ahead. Reads no table.
+SELECT pg_is_in_recovery() AS in_recovery,
+       CASE WHEN pg_is_in_recovery() THEN
+           GREATEST(0, EXTRACT(EPOCH FROM now() - pg_last_xact_replay_timestamp()))::float8
+       END AS lag_seconds;
 
 
 -- name: retry_now

@@ -326,7 +326,6 @@ class Claimer:
             and self._idle_rounds
             and not held
             and want > 0
-            and self._both.throttled_until <= now
             and all(lane.recheck_in(now) <= 0 for lane in self._lanes)
         ):
             got = self._claim(self._both, want, look)
@@ -340,7 +339,7 @@ class Claimer:
             if want <= 0:
                 busy = True
                 continue
-            if lane.recheck_in(now) > 0 or lane.throttled_until > now:
+            if lane.recheck_in(now) > 0:
                 continue
             if held is not None:
                 want = min(want, lane.max_held - held[lane])

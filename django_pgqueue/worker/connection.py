@@ -168,6 +168,9 @@ class Session:
         self._socket: socket.socket | None = None
         self._backend_pid = 0
         self._dropped: str | None = None  # why the watchdog dropped the connection
+        # Components that share a session (the maintenance session: worker.py) take
+        # turns: one call at a time.
+        self._turn = threading.RLock()
         _watchdog.watch(self)
 
     @property
@@ -203,6 +206,10 @@ class Session:
         return self.call(lambda conn: conn.execute(QUERIES[query], params).fetchall())
 
     def call(self, work: Callable[[psycopg.Connection], T], retry: bool = True) -> T:
+        with self._turn:
+            return self._call(work, retry)
+
+    def _call(self, work: Callable[[psycopg.Connection], T], retry: bool) -> T:
         while True:
             try:
                 conn = self.connection

@@ -26,8 +26,10 @@ class Fleet:
 class Periodic:
     """A daemon thread calling ``tick()`` every ``interval`` seconds (jittered +/-10%).
 
-    Each component owns one database session, so a slow or broken statement in one
-    never blocks another. ``tick`` errors are logged and the loop carries on.
+    A component owns its database session, so a slow or broken statement in one never
+    blocks another, unless it is given one to share (``session``: the worker's
+    maintenance session, for the duties whose statements are short; worker.py).
+    ``tick`` errors are logged and the loop carries on.
 
     A fleet-wide duty (``fleet`` given: the sweeper, the vacuumer, the pruner) is one
     the fleet needs done every ``interval``, not each process: it ticks every
@@ -39,11 +41,18 @@ class Periodic:
 
     name = "periodic"
 
-    def __init__(self, alias: str, interval: float, fleet: Fleet | None = None) -> None:
+    def __init__(
+        self,
+        alias: str,
+        interval: float,
+        fleet: Fleet | None = None,
+        session: Session | None = None,
+    ) -> None:
         self.interval = interval
         self.fleet = fleet
         self._stop = threading.Event()
-        self.session = Session(alias, self.name, self._stop)
+        self._owns_session = session is None
+        self.session = session or Session(alias, self.name, self._stop)
         self._thread = threading.Thread(target=self._run, name=f"pgqueue-{self.name}", daemon=True)
 
     def start(self) -> None:
@@ -53,7 +62,8 @@ class Periodic:
         self._stop.set()
         if self._thread.is_alive():
             self._thread.join(timeout)
-        self.session.close()
+        if self._owns_session:
+            self.session.close()
 
     def wait_first(self) -> float:
         """Seconds before the first tick."""

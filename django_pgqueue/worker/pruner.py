@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 
+from django_pgqueue.worker.connection import Session
 from django_pgqueue.worker.periodic import Fleet, Periodic
 from django_pgqueue.worker.stats import WorkerStats
 
@@ -26,8 +27,9 @@ class Pruner(Periodic):
         batch: int,
         stats: WorkerStats,
         fleet: Fleet | None = None,
+        session: Session | None = None,
     ) -> None:
-        super().__init__(alias, interval, fleet)
+        super().__init__(alias, interval, fleet, session)
         self.result_ttl = result_ttl
         self.dead_ttl = dead_ttl
         self.batch = batch

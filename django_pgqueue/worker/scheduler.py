@@ -85,13 +85,15 @@ class Scheduler:
         worker_id: str,
         schedules: list[ScheduleDefinition],
         stats: WorkerStats,
+        session: Session | None = None,
     ) -> None:
         self.worker_id = worker_id
         self.stats = stats
         self.schedules = [_Schedule(s) for s in schedules]
         self.clock = DatabaseClock()
         self._stop = threading.Event()
-        self.session = Session(alias, self.name, self._stop)
+        self._owns_session = session is None
+        self.session = session or Session(alias, self.name, self._stop)
         self._thread = threading.Thread(target=self._run, name="pgqueue-scheduler", daemon=True)
 
     def start(self) -> None:
@@ -108,7 +110,8 @@ class Scheduler:
         self._stop.set()
         if self._thread.is_alive():
             self._thread.join(timeout)
-        self.session.close()
+        if self._owns_session:
+            self.session.close()
 
     def _run(self) -> None:
         while not self._stop.is_set():

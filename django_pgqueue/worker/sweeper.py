@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import time
 
+from django_pgqueue.worker.connection import Session
 from django_pgqueue.worker.periodic import Fleet, Periodic
 from django_pgqueue.worker.stats import WorkerStats
 
@@ -28,8 +29,9 @@ class Sweeper(Periodic):
         unroutable_ttl: float | None,
         stats: WorkerStats,
         fleet: Fleet | None = None,
+        session: Session | None = None,
     ) -> None:
-        super().__init__(alias, interval, fleet)
+        super().__init__(alias, interval, fleet, session)
         self.stale_after = stale_after
         self.unroutable_ttl = unroutable_ttl
         self.stats = stats

@@ -19,6 +19,7 @@ import logging
 import time
 
 from django_pgqueue.sql import QUERIES
+from django_pgqueue.worker.connection import Session, connect
 from django_pgqueue.worker.periodic import Fleet, Periodic
 from django_pgqueue.worker.stats import WorkerStats
 
@@ -35,8 +36,10 @@ class Vacuumer(Periodic):
         threshold: int,
         stats: WorkerStats,
         fleet: Fleet | None = None,
+        session: Session | None = None,
     ) -> None:
-        super().__init__(alias, interval, fleet)
+        super().__init__(alias, interval, fleet, session)
+        self.alias = alias
         self.threshold = threshold
         self.stats = stats
         self._allowed: bool | None = None
@@ -56,7 +59,10 @@ class Vacuumer(Periodic):
             return
         try:
             started = time.monotonic()
-            self.session.call(lambda conn: conn.execute(QUERIES["vacuum_task_table"]))
+            # On a connection of its own, opened for it: a VACUUM may take seconds, and
+            # the session it checks on is shared with short duties (worker.py).
+            with connect(self.alias) as conn:
+                conn.execute(QUERIES["vacuum_task_table"])
             self.stats.incr("vacuums")
             logger.debug(
                 "vacuumer: vacuumed pgqueue_task (%d dead tuples) in %.2fs",

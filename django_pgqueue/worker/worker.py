@@ -176,6 +176,12 @@ class Worker:
             fleet=self.fleet,
             stale_after=conf.WORKER_STALE_AFTER,
         )
+        # One connection for the duties whose statements are short and rare: sweeps,
+        # vacuum checks, pruning, schedule ticks and registration take turns on it,
+        # so a worker holds four connections of its own whatever its concurrency
+        # (claimer, settler, heartbeat, maintenance; docs/worker.md, "Connections").
+        # Registration retries until the database answers or the worker is told to stop.
+        self._maintenance_session = Session(self.alias, "maintenance", self._stop_requested)
         self.sweeper = Sweeper(
             self.alias,
             options.sweep_interval,
@@ -183,10 +189,16 @@ class Worker:
             conf.UNROUTABLE_TTL,
             self.stats,
             fleet=self.fleet,
+            session=self._maintenance_session,
         )
         self.vacuumer = (
             Vacuumer(
-                self.alias, conf.VACUUM_INTERVAL, conf.VACUUM_THRESHOLD, self.stats, self.fleet
+                self.alias,
+                conf.VACUUM_INTERVAL,
+                conf.VACUUM_THRESHOLD,
+                self.stats,
+                self.fleet,
+                session=self._maintenance_session,
             )
             if conf.VACUUM_INTERVAL
             else None
@@ -200,6 +212,7 @@ class Worker:
                 conf.PRUNE_BATCH,
                 self.stats,
                 fleet=self.fleet,
+                session=self._maintenance_session,
             )
             if options.prune
             else None
@@ -212,12 +225,12 @@ class Worker:
             if s.queue in options.queues and (s.task.name, s.task.version) in self.routes
         ]
         self.scheduler = (
-            Scheduler(self.alias, self.worker_id, schedules, self.stats)
+            Scheduler(
+                self.alias, self.worker_id, schedules, self.stats, self._maintenance_session
+            )
             if options.scheduler and schedules
             else None
         )
-        # Registration retries until the database answers or the worker is told to stop.
-        self._registry_session = Session(self.alias, "registry", self._stop_requested)
 
     # -- running ----------------------------------------------------------------------
     def _execute(self, task: ClaimedTask) -> Outcome:
@@ -262,7 +275,7 @@ class Worker:
                 "worker %s stopped before it could register: the database was unreachable",
                 self.worker_id,
             )
-            self._registry_session.close()
+            self._maintenance_session.close()
             return self.exit_code
         # Everything loaded so far (Django, the app, the tasks) lives as long as the
         # process: move it out of the collector's sight, so that full collections stay
@@ -429,19 +442,19 @@ class Worker:
             conn.execute(QUERIES["register_worker"], params)
             conn.execute(QUERIES["ensure_queues"], queues)
 
-        self._registry_session.call(register)
+        self._maintenance_session.call(register)
 
     def _unregister(self) -> None:
-        # The registry connection sat idle for the worker's whole life: after an outage
-        # it may be dead without knowing it (a silent one would hold the exit for
-        # DEAD_CONNECTION_TIMEOUT), so leave over a fresh one, once, or leave the row
-        # to the sweep.
-        self._registry_session.close()
+        # After an outage the maintenance connection may be dead without knowing it (a
+        # silent one would hold the exit for DEAD_CONNECTION_TIMEOUT), so leave over a
+        # fresh one, once, or leave the row to the sweep. The duties that share it are
+        # stopped by now.
+        self._maintenance_session.close()
         try:
-            self._registry_session.call(
+            self._maintenance_session.call(
                 lambda conn: conn.execute(QUERIES["unregister_worker"], {"id": self.worker_id}),
                 retry=False,
             )
         except Exception:
             logger.warning("could not remove worker row %s; the sweep will", self.worker_id)
-        self._registry_session.close()
+        self._maintenance_session.close()
