@@ -124,6 +124,13 @@ SETTINGS: tuple[Setting, ...] = (
         "The database alias that holds the task table; it must be PostgreSQL.",
     ),
     Setting(
+        "READ_DATABASE", None, str,
+        "The alias the queue overview, pgqueue_status, the queue gauges and the admin's "
+        "task pages read from: a replica of DATABASE. None reads from DATABASE. Claims "
+        "and writes never go there.",
+        nullable=True,
+    ),
+    Setting(
         "TASK_MODULES", [], list,
         "Extra modules imported at startup so that their @task functions are registered "
         "(each installed app's tasks module is imported anyway).",
@@ -274,6 +281,20 @@ SETTINGS: tuple[Setting, ...] = (
         "behind PgBouncer in transaction mode).",
     ),
     Setting(
+        "TRANSACTION_POOLER", False, bool,
+        "DATABASE is reached through a transaction-mode pooler (PgBouncer): the worker "
+        "relies on no session state there (no prepared statements, no session "
+        "settings, no session locks) and LISTENs on LISTEN_DATABASE, or polls.",
+    ),
+    Setting(
+        "LISTEN_DATABASE", None, str,
+        "A database alias with a direct (or session-pooled) address of the same "
+        "database, for the worker's LISTEN connection and its session locks, behind a "
+        "transaction pooler. None: the worker listens on DATABASE (or, with "
+        "TRANSACTION_POOLER, polls).",
+        nullable=True,
+    ),
+    Setting(
         "DEAD_CONNECTION_TIMEOUT", 15.0, float,
         "How long a worker connection may wait for PostgreSQL before it is taken for dead "
         "and reconnected.",
@@ -388,6 +409,13 @@ def get_setting(name: str) -> Any:
     if name in _MUTABLE_DEFAULTS:
         return getattr(get_settings(), name)
     return configured().get(name, DEFAULTS[name])
+
+
+def read_database() -> str:
+    """The alias of the reads an operator looks at (the overview, pgqueue_status, the
+    queue gauges, the admin's lists and pages): ``READ_DATABASE``, or ``DATABASE`` when
+    it is None. Never for a claim, a write, or a read that must see a write just made."""
+    return get_setting("READ_DATABASE") or get_setting("DATABASE")
 
 
 def get_settings() -> PgQueueSettings:

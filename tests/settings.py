@@ -77,6 +77,14 @@ PGQUEUE = {
         "limited_rated": {"concurrency": 2, "rate": "20/s"},
     },
 }
+# tests/test_pgbouncer.py: workers behind a transaction pooler, with a direct address for
+# LISTEN (or without one, polling).
+if os.environ.get("PGQUEUE_TEST_TRANSACTION_POOLER"):
+    PGQUEUE["TRANSACTION_POOLER"] = True
+    DATABASES["default"]["DISABLE_SERVER_SIDE_CURSORS"] = True
+if os.environ.get("PGQUEUE_TEST_LISTEN_URL"):
+    DATABASES["direct"] = environ.Env.db_url_config(os.environ["PGQUEUE_TEST_LISTEN_URL"])
+    PGQUEUE["LISTEN_DATABASE"] = "direct"
 # tests/test_watchdog.py shrinks the watchdog's thresholds in the workers it starts.
 if "PGQUEUE_TEST_TIMEOUT_GRACE" in os.environ:
     PGQUEUE["TIMEOUT_GRACE"] = float(os.environ["PGQUEUE_TEST_TIMEOUT_GRACE"])

@@ -97,6 +97,7 @@ class Claimer:
         async_lane: tuple[AsyncSlots, list[tuple[str, int]]] | None = None,
         limits: dict[str, QueueLimit] | None = None,
         key_limits: dict[tuple[str, int], int] | None = None,
+        listen_alias: str | None = "",
     ) -> None:
         self.worker_id = worker_id
         self.queues = queues
@@ -139,9 +140,25 @@ class Claimer:
         self._stop = threading.Event()
         self.max_held = max_held or sum(lane.max_held for lane in self._lanes)
         self.listener = Listener(queues)
+        # Where the claimer LISTENs and holds its parked marks (session locks): on its
+        # own claim connection (listen_alias "" or the claim's alias), on a connection
+        # of its own to listen_alias (behind a transaction pooler: a direct address),
+        # or nowhere (None: behind a pooler without one, it polls).
+        own = listen_alias in ("", alias)
         # Claims commit durably unless ASYNC_CLAIMS is set: see connection.connect().
         self.session = Session(
-            alias, self.name, self._stop, durable=durable, on_connect=self.listener.attach
+            alias,
+            self.name,
+            self._stop,
+            durable=durable,
+            on_connect=self.listener.attach if own else None,
+        )
+        self.listen_session: Session | None = (
+            self.session
+            if own
+            else None
+            if listen_alias is None
+            else Session(listen_alias, "listener", self._stop, on_connect=self.listener.attach)
         )
         # Tokens of claims whose reply was lost: token -> give up looking at (monotonic).
         self._unconfirmed: dict[str, float] = {}
@@ -163,6 +180,8 @@ class Claimer:
         self.listener.wake()
         self._thread.join(10)
         self.session.close()
+        if self.listen_session is not None:
+            self.listen_session.close()
         self.listener.close()
 
     def _run(self) -> None:
@@ -212,6 +231,8 @@ class Claimer:
                 timeout = self._park_timeout()
             except CONNECTION_ERRORS:
                 self.session.close()
+                if self.listen_session is not None:
+                    self.listen_session.close()
                 self._ask_every_lane()
                 continue
             except Exception:
@@ -233,19 +254,20 @@ class Claimer:
                 self.idle.set()
             else:
                 self.idle.clear()
+            listening = self.listen_session
             try:
-                self.listener.wait(self.session._conn, timeout)
+                self.listener.wait(listening._conn if listening else None, timeout)
             except psycopg.Error:
-                self.session.close()  # the next claim reconnects (and LISTENs again)
+                listening.close()  # reconnected (and LISTENing again) before parking
             self._ask_every_lane()  # after a wake-up or a poll
 
     def _prepare_park(self) -> float | None:
         """Before parking: None if the parked mark is in place (park at will); 0 if it
         was just put in place (claim once more first); else how long to park at most
         before checking again, while an enqueue that did not notify may be in flight."""
-        if self.listener.park_ready:
-            return None
-        if self.session.call(self.listener.prepare_park, retry=False):
+        if self.listener.park_ready or self.listen_session is None:
+            return None  # marked already, or polling (no LISTEN: enqueues never notify)
+        if self.listen_session.call(self.listener.prepare_park, retry=False):
             self._park_retry = PARK_RETRY_FIRST
             return 0.0
         retry_in = self._park_retry
@@ -260,9 +282,9 @@ class Claimer:
             self._busy_since = now
         elif self.listener.parked_mark and now - self._busy_since >= UNPARK_AFTER:
             try:
-                self.session.call(self.listener.release_park, retry=False)
+                self.listen_session.call(self.listener.release_park, retry=False)
             except CONNECTION_ERRORS:
-                self.session.close()  # the locks went with the session
+                self.listen_session.close()  # the locks went with the session
 
     def _wait_for_free(self, minimum: int, linger: float) -> int:
         """Block until a slot is free to claim into; then linger up to ``linger`` s for

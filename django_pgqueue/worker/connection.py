@@ -57,7 +57,12 @@ def connection_params(alias: str) -> dict[str, Any]:
     params.pop("context", None)
     params.pop("cursor_factory", None)
     params.pop("pool", None)
-    prepared = get_settings().PREPARED_STATEMENTS
+    # Behind a transaction pooler (PgBouncer) consecutive statements of one client
+    # connection may run on different server connections: nothing of the session may
+    # be relied on, so no prepared statements and no session settings (apply those to
+    # the role instead, docs/scaling.md).
+    pooled = is_pooled(alias)
+    prepared = get_settings().PREPARED_STATEMENTS and not pooled
     params["prepare_threshold"] = 0 if prepared else None
     # Every statement of the worker is written to walk an index in order (the claim's
     # top-N, the sweep, next-due, the prune), whatever the table's statistics say. With
@@ -79,7 +84,8 @@ def connection_params(alias: str) -> dict[str, Any]:
     # other worker until the server's TCP keepalive: the server ends it instead.
     options.append(f"-c idle_in_transaction_session_timeout={math.ceil(dead_after * 1000)}")
     extra = " ".join(options)
-    params["options"] = f"{params['options']} {extra}" if params.get("options") else extra
+    if not pooled:
+        params["options"] = f"{params['options']} {extra}" if params.get("options") else extra
     # libpq waits at least 2 s whatever it is told.
     params.setdefault("connect_timeout", max(2, math.ceil(min(dead_after, MAX_CONNECT_TIMEOUT))))
     # A socket whose packets are lost (a failover without a RST, a NAT that forgot the
@@ -97,6 +103,13 @@ def connection_params(alias: str) -> dict[str, Any]:
     return params
 
 
+def is_pooled(alias: str) -> bool:
+    """Is ``alias`` reached through a transaction pooler (TRANSACTION_POOLER)?
+    LISTEN_DATABASE never is: it is the direct address."""
+    conf = get_settings()
+    return conf.TRANSACTION_POOLER and alias != conf.LISTEN_DATABASE
+
+
 def connect(alias: str, durable: bool = True) -> psycopg.Connection:
     """An autocommit connection. ``durable=False`` commits asynchronously.
 
@@ -109,7 +122,7 @@ def connect(alias: str, durable: bool = True) -> psycopg.Connection:
     safely written.
     """
     params = connection_params(alias)
-    if not durable:
+    if not durable and not is_pooled(alias):
         extra = "-c synchronous_commit=off"
         params["options"] = f"{params['options']} {extra}" if params.get("options") else extra
     return psycopg.connect(**params, autocommit=True)

@@ -25,7 +25,7 @@ from django_pgqueue.worker.async_slots import AsyncSlots
 from django_pgqueue.worker.asyncio_runner import AsyncRunner
 from django_pgqueue.worker.claimed import ClaimedTask
 from django_pgqueue.worker.claimer import Claimer
-from django_pgqueue.worker.connection import CONNECTION_ERRORS, Session
+from django_pgqueue.worker.connection import CONNECTION_ERRORS, Session, is_pooled
 from django_pgqueue.worker.execution import execute
 from django_pgqueue.worker.heartbeat import Heartbeat
 from django_pgqueue.worker.inflight import InFlight
@@ -160,6 +160,7 @@ class Worker:
             async_lane=async_lane,
             limits=self.limits,
             key_limits=key_limits,
+            listen_alias=self._listen_alias(conf),
         )
         # The live workers, counted by the heartbeat: the fleet-wide duties (sweeper,
         # vacuumer, pruner) tick N times less often in each of N processes.
@@ -191,16 +192,19 @@ class Worker:
             fleet=self.fleet,
             session=self._maintenance_session,
         )
+        # The vacuumer's fleet-wide lock is a session lock: behind a transaction pooler
+        # it takes it, and vacuums, over the direct LISTEN_DATABASE, or not at all.
+        vacuum_alias = conf.LISTEN_DATABASE if is_pooled(self.alias) else self.alias
         self.vacuumer = (
             Vacuumer(
-                self.alias,
+                vacuum_alias,
                 conf.VACUUM_INTERVAL,
                 conf.VACUUM_THRESHOLD,
                 self.stats,
                 self.fleet,
-                session=self._maintenance_session,
+                session=self._maintenance_session if vacuum_alias == self.alias else None,
             )
-            if conf.VACUUM_INTERVAL
+            if conf.VACUUM_INTERVAL and vacuum_alias
             else None
         )
         self.pruner = (
@@ -231,6 +235,21 @@ class Worker:
             if options.scheduler and schedules
             else None
         )
+
+    def _listen_alias(self, conf) -> str | None:
+        """Where the claimer LISTENs: "" on its own connection, an alias, or None (poll)."""
+        if not is_pooled(self.alias):
+            return conf.LISTEN_DATABASE or ""
+        if conf.LISTEN_DATABASE is None:
+            logger.warning(
+                "TRANSACTION_POOLER is set and LISTEN_DATABASE is not: LISTEN does not work "
+                "through a transaction pooler, so this worker polls every %gs instead of "
+                "being woken (set PGQUEUE['LISTEN_DATABASE'] to an alias with a direct "
+                "address of the database for wake-ups); it does not vacuum the task table "
+                "either (its lock needs a session): autovacuum does",
+                self.options.poll_interval,
+            )
+        return conf.LISTEN_DATABASE
 
     # -- running ----------------------------------------------------------------------
     def _execute(self, task: ClaimedTask) -> Outcome:
