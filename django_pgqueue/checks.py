@@ -57,7 +57,9 @@ def check_settings(app_configs, **kwargs):
             messages.append(Error(str(exc), hint="See docs/limits.md.", id="django_pgqueue.E020"))
     conf = get_settings()
     if "DATABASE" not in invalid:
-        messages.extend(_check_database(conf.DATABASE))
+        messages.extend(_check_database("DATABASE", conf.DATABASE))
+    if conf.READ_DATABASE is not None and "READ_DATABASE" not in invalid:
+        messages.extend(_check_database("READ_DATABASE", conf.READ_DATABASE))
     if (
         not invalid & {"HEARTBEAT_SECONDS", "LEASE_SECONDS"}
         and conf.HEARTBEAT_SECONDS * 2 > conf.LEASE_SECONDS
@@ -73,18 +75,22 @@ def check_settings(app_configs, **kwargs):
     return messages
 
 
-def _check_database(alias: str) -> list[Error]:
+def _check_database(key: str, alias: str) -> list[Error]:
+    """PGQUEUE[key] names an alias of DATABASES, and it is PostgreSQL (DATABASE, and
+    READ_DATABASE: the replica the overview reads, which holds the same table)."""
     if alias not in connections.databases:
         return [
             Error(
-                f"PGQUEUE['DATABASE'] is {alias!r}, which is not in DATABASES",
+                f"PGQUEUE[{key!r}] is {alias!r}, which is not in DATABASES",
+                hint=f"Known aliases: {', '.join(sorted(connections.databases))}.",
                 id="django_pgqueue.E001",
             )
         ]
     if "postgresql" not in connections.databases[alias]["ENGINE"]:
+        what = "task database" if key == "DATABASE" else "read database (READ_DATABASE)"
         return [
             Error(
-                f"the task database {alias!r} is not PostgreSQL; django_pgqueue needs "
+                f"the {what} {alias!r} is not PostgreSQL; django_pgqueue needs "
                 "PostgreSQL (SKIP LOCKED, LISTEN/NOTIFY, jsonb)",
                 id="django_pgqueue.E002",
             )

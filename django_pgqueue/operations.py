@@ -1,16 +1,23 @@
 """Operations on tasks outside the worker: read, cancel, retry and requeue, delete,
-retention on demand, and the queue overview."""
+retention on demand, and the queue overview.
+
+Every write goes to ``DATABASE``. The overview's reads (``queue_overview``,
+``queue_capacity``, ``queue_history``, ``pauses``, ``replica_lag``) go to the read
+database, ``READ_DATABASE`` when it is set (a replica), unless told ``using=``: a
+caller that must see what it just wrote reads ``using=DATABASE``.
+"""
 
 from __future__ import annotations
 
 import json
 from collections.abc import Iterable
+from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from django.db import connections
 
-from django_pgqueue.conf import get_settings
+from django_pgqueue.conf import get_settings, read_database
 from django_pgqueue.exceptions import InvalidTaskError, TaskDoesNotExist
 from django_pgqueue.payload import check_json, dumps
 from django_pgqueue.registry import validate_queue, validate_task_name
@@ -90,53 +97,79 @@ def resume(queue: str, task_name: str | None = None) -> bool:
         return cursor.fetchone() is not None
 
 
-def pauses() -> dict[str, dict[str, Any]]:
+def pauses(using: str | None = None) -> dict[str, dict[str, Any]]:
     """Per queue with a row: ``{"paused": bool, "paused_tasks": [names], "paused_at":
     datetime | None, "rate_tat_in": float | None}`` (rate_tat_in: seconds from the
-    database's now() to the rate limit's theoretical arrival time; see queue_pauses)."""
+    database's now() to the rate limit's theoretical arrival time; see queue_pauses).
+    Read from the read database unless ``using`` names another alias."""
     return {
         row.pop("queue"): {**row, "paused_tasks": json.loads(row["paused_tasks"])}
-        for row in _dicts("queue_pauses", {})
+        for row in _dicts("queue_pauses", {}, using)
     }
 
 
-def queue_overview() -> list[dict[str, Any]]:
+def queue_overview(using: str | None = None) -> list[dict[str, Any]]:
     """Per (queue, task_name): pending routable / unroutable, scheduled, running,
     waiting (and by what for: waiting_parents, waiting_signal, waiting_child; see
     overview.WAIT_REASONS), failed (dead letters), the age in seconds of the oldest due task
     (``oldest_due_seconds``) and of the oldest running attempt, since its claim
     (``oldest_running_seconds``: a hung handler shows there; each None when there is no
     such task), and completed_5m / completed_1h / failed_5m / failed_1h (finished in the
-    last 5 minutes / hour)."""
-    conf = get_settings()
-    with connections[conf.DATABASE].cursor() as cursor:
-        cursor.execute(QUERIES["queue_overview"], {"stale_seconds": conf.WORKER_STALE_AFTER})
-        columns = [c[0] for c in cursor.description]
-        return [dict(zip(columns, row, strict=True)) for row in cursor.fetchall()]
+    last 5 minutes / hour). Read from the read database unless ``using`` names
+    another alias."""
+    return _dicts("queue_overview", {"stale_seconds": get_settings().WORKER_STALE_AFTER}, using)
 
 
 def _fetchall(query: str, params: dict[str, Any]) -> list[tuple]:
+    """A statement on DATABASE: every write, and the reads of what a write will change."""
     with connections[get_settings().DATABASE].cursor() as cursor:
         cursor.execute(QUERIES[query], params)
         return cursor.fetchall()
 
 
-def _dicts(query: str, params: dict[str, Any]) -> list[dict[str, Any]]:
-    with connections[get_settings().DATABASE].cursor() as cursor:
+def _dicts(query: str, params: dict[str, Any], using: str | None) -> list[dict[str, Any]]:
+    """The rows of a read, by column name, from ``using`` or else the read database."""
+    with connections[using or read_database()].cursor() as cursor:
         cursor.execute(QUERIES[query], params)
         columns = [c[0] for c in cursor.description]
         return [dict(zip(columns, row, strict=True)) for row in cursor.fetchall()]
 
 
-def queue_history(minutes: int = 60) -> list[dict[str, Any]]:
+def queue_history(minutes: int = 60, using: str | None = None) -> list[dict[str, Any]]:
     """Per minute of the last ``minutes``: tasks completed, tasks dead-lettered, and the
-    queue depth (due, not yet started) at the end of the minute, oldest minute first."""
-    return _dicts("queue_history", {"minutes": minutes})
+    queue depth (due, not yet started) at the end of the minute, oldest minute first.
+    Read from the read database unless ``using`` names another alias."""
+    return _dicts("queue_history", {"minutes": minutes}, using)
 
 
-def queue_capacity() -> list[dict[str, Any]]:
-    """Per queue: live workers serving it, their slots and their tasks in flight."""
-    return _dicts("queue_capacity", {"stale_seconds": get_settings().WORKER_STALE_AFTER})
+def queue_capacity(using: str | None = None) -> list[dict[str, Any]]:
+    """Per queue: live workers serving it, their slots and their tasks in flight. Read
+    from the read database unless ``using`` names another alias."""
+    return _dicts("queue_capacity", {"stale_seconds": get_settings().WORKER_STALE_AFTER}, using)
+
+
+@dataclass(frozen=True)
+class ReplicaLag:
+    """How far behind its primary ``READ_DATABASE`` reads (the statement replica_lag)."""
+
+    alias: str
+    # The server is a standby, replaying its primary's WAL (pg_is_in_recovery()). False:
+    # READ_DATABASE is a primary under another alias, and its reads are not behind.
+    replica: bool
+    # Seconds since the primary committed the last transaction the standby replayed,
+    # by the standby's clock; None when not a replica, or when the standby has
+    # replayed no transaction since it started.
+    seconds: float | None
+
+
+def replica_lag() -> ReplicaLag | None:
+    """The lag of the read database, read on it; None when ``READ_DATABASE`` is not set
+    (the reads go to DATABASE, and nothing is behind)."""
+    alias = get_settings().READ_DATABASE
+    if alias is None:
+        return None
+    [row] = _dicts("replica_lag", {}, alias)
+    return ReplicaLag(alias, row["in_recovery"], row["lag_seconds"])
 
 
 def retry_now(task_ids: Iterable[int]) -> list[int]:

@@ -332,7 +332,7 @@ def run_now(name: str) -> int:
     return schedule.task.using(metadata=row_metadata).enqueue(*schedule.args, **schedule.kwargs)
 
 
-def schedules() -> list[dict[str, Any]]:
+def schedules(using: str | None = None) -> list[dict[str, Any]]:
     """Every schedule declared in this process or recorded in the database, by name.
 
     Each: ``name``, ``task``, ``schedule`` (``0 7 * * mon`` or ``every 10s``),
@@ -341,13 +341,15 @@ def schedules() -> list[dict[str, Any]]:
     saw it), ``last_tick``, ``last_enqueued_at``, ``last_task_id``, ``last_worker_id``
     and ``next_tick`` (the first tick after now, by the declaration in this process;
     None when not declared). A declared schedule no worker has seen yet has no times.
+    The rows are read from the read database (``READ_DATABASE`` when set) unless
+    ``using`` names another alias.
     """
     from django.utils import timezone
 
-    from django_pgqueue.conf import get_settings
+    from django_pgqueue.conf import read_database
     from django_pgqueue.models import Schedule
 
-    rows = {row.name: row for row in Schedule.objects.using(get_settings().DATABASE)}
+    rows = {row.name: row for row in Schedule.objects.using(using or read_database())}
     declared = {s.name: s for s in schedule_registry.all()}
     now = timezone.now()
     listing = []

@@ -175,6 +175,28 @@ def test_none_is_a_valid_value_only_of_the_nullable_settings():
         assert [e.id for e in check_settings(None)] == ["django_pgqueue.E010"]
 
 
+def test_a_read_database_that_is_not_an_alias_of_databases_is_a_check_error():
+    with override_settings(PGQUEUE={"READ_DATABASE": "replica"}):
+        errors = check_settings(None)
+
+    assert [(e.id, e.msg) for e in errors] == [
+        ("django_pgqueue.E001", "PGQUEUE['READ_DATABASE'] is 'replica', which is not in DATABASES")
+    ]
+    assert "default" in errors[0].hint  # the aliases there are
+
+
+def test_a_read_database_that_is_not_postgresql_is_a_check_error(monkeypatch):
+    from django.db import connections
+
+    sqlite = {"ENGINE": "django.db.backends.sqlite3", "NAME": ":memory:"}
+    monkeypatch.setitem(connections.databases, "replica", sqlite)
+    with override_settings(PGQUEUE={"READ_DATABASE": "replica"}):
+        errors = check_settings(None)
+
+    assert [e.id for e in errors] == ["django_pgqueue.E002"]
+    assert errors[0].msg.startswith("the read database (READ_DATABASE) 'replica' is not PostgreSQL")
+
+
 def test_manage_py_check_fails_on_a_misconfigured_value():
     with (
         override_settings(PGQUEUE={"EXECUTION": "fork"}),

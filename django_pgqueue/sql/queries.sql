@@ -1486,9 +1486,10 @@ SELECT q.queue,
 -- idle primary (no commits) reads as a growing lag; every running worker commits its
 -- heartbeat each HEARTBEAT_SECONDS, so a caught-up replica of a live fleet reads at
 -- most about that. GREATEST: the two servers' clocks may differ by a little, and a
--- replica is never ahead. Reads no table.
+-- replica is never ahead (GREATEST ignores a NULL, hence the IS NOT NULL). Reads no
+-- table.
 SELECT pg_is_in_recovery() AS in_recovery,
-       CASE WHEN pg_is_in_recovery() THEN
+       CASE WHEN pg_is_in_recovery() AND pg_last_xact_replay_timestamp() IS NOT NULL THEN
            GREATEST(0, EXTRACT(EPOCH FROM now() - pg_last_xact_replay_timestamp()))::float8
        END AS lag_seconds;
 

@@ -42,7 +42,9 @@ class Command(BaseCommand):
             self._list(opts["json"])
             return
         queue, task_name = opts["queue"], opts["task"]
-        before = operations.pauses().get(queue)
+        # Read on DATABASE, where the pause is written: a replica may not have it yet.
+        database = get_settings().DATABASE
+        before = operations.pauses(using=database).get(queue)
         try:
             if opts["action"] == "pause":
                 operations.pause(queue, task_name)
@@ -50,7 +52,7 @@ class Command(BaseCommand):
                 operations.resume(queue, task_name)
         except InvalidTaskError as exc:
             raise CommandError(str(exc)) from None
-        after = operations.pauses().get(queue)
+        after = operations.pauses(using=database).get(queue)
         what = f"task {task_name} in queue {queue}" if task_name else f"queue {queue}"
         if opts["action"] == "pause":
             self.stdout.write(
@@ -79,7 +81,7 @@ class Command(BaseCommand):
             )
 
     def _list(self, as_json: bool) -> None:
-        pauses = operations.pauses()
+        pauses = operations.pauses(using=get_settings().DATABASE)
         limits = queue_limits()
         queues = sorted({*pauses, *limits, *_declared_queues()})
         rows = []
