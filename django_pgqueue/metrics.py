@@ -17,7 +17,9 @@ Two sources, served by two kinds of process (docs/metrics.md lists every metric)
   ``PGQUEUE["WORKER_QUEUE_METRICS"]``. Scrapes cannot hammer the database: the
   collector reads at most once per ``METRICS_CACHE_SECONDS`` (concurrent scrapes share
   one read), through the index-backed ``queue_overview`` and ``queue_capacity``
-  statements and ``queue_pauses`` (one row per queue), under a statement timeout.
+  statements and ``queue_pauses`` (one row per queue), under a statement timeout,
+  from the read database: ``READ_DATABASE`` (a replica) when it is set, and then
+  ``pgqueue_read_replica_lag_seconds`` says how far behind those numbers are.
 """
 
 from __future__ import annotations
@@ -39,10 +41,11 @@ from prometheus_client import (
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from django_pgqueue.conf import get_settings
+from django_pgqueue.conf import get_settings, read_database
 from django_pgqueue.limits import queue_limits
 
 if TYPE_CHECKING:
+    from django_pgqueue.operations import ReplicaLag
     from django_pgqueue.worker.worker import Worker
 
 logger = logging.getLogger("django_pgqueue.metrics")
@@ -250,6 +253,13 @@ _QUEUE_WAITING = (
     "Waiting tasks of the queue by what they wait for: reason parents (after=, a chain, "
     "group or chord), signal (Suspend) or child (context.wait_for); not due, so in no age",
 )
+# Only with READ_DATABASE, and only while it has a lag to report (see replica_lag).
+_REPLICA_LAG = (
+    "pgqueue_read_replica_lag_seconds",
+    "How far READ_DATABASE, which the queue gauges are read from, is behind its primary: "
+    "seconds since the primary committed the last transaction it replayed (0 when "
+    "READ_DATABASE is not a replica)",
+)
 
 
 class QueueCollector(Collector):
@@ -271,6 +281,7 @@ class QueueCollector(Collector):
         yield GaugeMetricFamily(*_TASK_PAUSED, labels=["queue", "task_name"])
         yield GaugeMetricFamily(*_CONCURRENCY_LIMIT, labels=["queue"])
         yield GaugeMetricFamily(*_QUEUE_WAITING, labels=["queue", "reason"])
+        yield GaugeMetricFamily(*_REPLICA_LAG)
         yield GaugeMetricFamily("pgqueue_queue_metrics_up", "1 if the last read succeeded")
 
     def collect(self) -> Iterable[Metric]:
@@ -284,7 +295,7 @@ class QueueCollector(Collector):
 
     def _read(self) -> list[Metric]:
         try:
-            overview, capacity, pauses = self._query()
+            overview, capacity, pauses, lag = self._query()
         except Exception:
             logger.exception("queue metrics: could not read the queue from the database")
             return [
@@ -292,15 +303,18 @@ class QueueCollector(Collector):
             ]
         return [
             *queue_metric_families(overview, capacity, pauses),
+            *replica_lag_families(lag),
             GaugeMetricFamily("pgqueue_queue_metrics_up", "1 if the last read succeeded", 1),
         ]
 
-    def _query(self) -> tuple[list[dict[str, Any]], list[dict[str, Any]], dict[str, Any]]:
+    def _query(
+        self,
+    ) -> tuple[list[dict[str, Any]], list[dict[str, Any]], dict[str, Any], ReplicaLag | None]:
         from django.db import connections, transaction
 
-        from django_pgqueue.operations import pauses, queue_capacity, queue_overview
+        from django_pgqueue.operations import pauses, queue_capacity, queue_overview, replica_lag
 
-        alias = get_settings().DATABASE
+        alias = read_database()
         connection = connections[alias]
         nested = connection.in_atomic_block
         try:
@@ -312,6 +326,7 @@ class QueueCollector(Collector):
                     "SELECT set_config('statement_timeout', %s, true)",
                     [f"{int(self.statement_timeout * 1000)}ms"],
                 )
+                lag = replica_lag()
                 overview = queue_overview()
                 capacity = queue_capacity()
                 queue_pauses = pauses()
@@ -322,7 +337,15 @@ class QueueCollector(Collector):
                 # Scrapes of a worker's /metrics come on short-lived threads, each with
                 # its own Django connection: do not leave one open per scrape.
                 connection.close()
-        return overview, capacity, queue_pauses
+        return overview, capacity, queue_pauses, lag
+
+
+def replica_lag_families(lag: ReplicaLag | None) -> list[Metric]:
+    """``pgqueue_read_replica_lag_seconds``: none without READ_DATABASE, nor while its
+    standby has replayed no transaction since it started (no lag to tell)."""
+    if lag is None or (lag.replica and lag.seconds is None):
+        return []
+    return [GaugeMetricFamily(*_REPLICA_LAG, value=lag.seconds if lag.replica else 0.0)]
 
 
 def queue_metric_families(

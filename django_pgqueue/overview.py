@@ -2,9 +2,11 @@
 
 Four reads (the index-backed ``operations.queue_overview``, ``queue_capacity`` and
 ``queue_history``, and the queues' pauses and rate budgets, ``operations.pauses``),
-then plain Python. What is throttled (held back by a pause or a limit) is decided here,
-once, for the admin page, ``pgqueue_status`` and the metrics. The chart is an inline SVG
-whose geometry is computed here: no JavaScript, no build step.
+then plain Python. They go to the read database (``READ_DATABASE``, a replica, when
+set; then the page also reads how far behind it is, ``operations.replica_lag``). What
+is throttled (held back by a pause or a limit) is decided here, once, for the admin
+page, ``pgqueue_status`` and the metrics. The chart is an inline SVG whose geometry is
+computed here: no JavaScript, no build step.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from django.db.models.functions import Coalesce, Now
 from django.utils import timezone
 
 from django_pgqueue import operations
-from django_pgqueue.conf import get_settings
+from django_pgqueue.conf import get_settings, read_database
 from django_pgqueue.limits import QueueLimit, queue_limits
 from django_pgqueue.models import Worker
 
@@ -253,6 +255,7 @@ def build_chart(history: list[dict[str, Any]], width: int = 760, height: int = 2
 def build_overview(minutes: int = 60) -> dict[str, Any]:
     """Everything the overview page shows, with how long the reads took."""
     started = time.perf_counter()
+    replica_lag = operations.replica_lag()
     overview = operations.queue_overview()
     capacity = operations.queue_capacity()
     pauses = operations.pauses()
@@ -263,9 +266,9 @@ def build_overview(minutes: int = 60) -> dict[str, Any]:
     totals["throttled"] = sum(queue.totals["throttled"] for queue in queues)
     # A worker serving several queues is in several groups: count each one once.
     totals.update(
-        Worker.objects.filter(
-            last_heartbeat_at__gt=Now() - timedelta(seconds=get_settings().WORKER_STALE_AFTER)
-        ).aggregate(
+        Worker.objects.using(read_database())
+        .filter(last_heartbeat_at__gt=Now() - timedelta(seconds=get_settings().WORKER_STALE_AFTER))
+        .aggregate(
             workers=Count("pk"),
             slots=Coalesce(Sum("concurrency"), 0),
             in_flight=Coalesce(Sum("in_flight"), 0),
@@ -279,5 +282,7 @@ def build_overview(minutes: int = 60) -> dict[str, Any]:
         "completed_hour": sum(m["completed"] for m in history),
         "failed_hour": sum(m["failed"] for m in history),
         "read_ms": round(elapsed_ms, 1),
+        "read_database": read_database(),
+        "replica_lag": replica_lag,  # None without READ_DATABASE
         "generated_at": timezone.now(),
     }

@@ -86,7 +86,11 @@ def read_status() -> dict[str, Any]:
     """``tasks``: the rows of ``queue_overview()`` (with ``waiting_parents``,
     ``waiting_signal``, ``waiting_child``), each with ``paused`` (its task name is),
     ``held_by`` and ``throttled`` (overview.QueueGroup); ``queues``: one entry per queue
-    with tasks, live workers or a pause (``_queue``)."""
+    with tasks, live workers or a pause (``_queue``). All read from the read database;
+    with READ_DATABASE, ``read_database`` names it, ``read_database_is_replica`` says
+    whether it is a standby, and ``replica_lag_seconds`` how far behind it is (None:
+    not a replica, or it has replayed nothing yet)."""
+    lag = operations.replica_lag()
     groups = group_by_queue(
         operations.queue_overview(),
         operations.queue_capacity(),
@@ -98,6 +102,9 @@ def read_status() -> dict[str, Any]:
         "tasks": [row for group in groups for row in group.rows],
         "queues": [_queue(group) for group in groups],
         "schedules": schedules(),
+        "read_database": lag.alias if lag else None,
+        "read_database_is_replica": lag.replica if lag else None,
+        "replica_lag_seconds": lag.seconds if lag else None,
     }
 
 
@@ -135,6 +142,7 @@ def render_table(snapshot: dict[str, Any]) -> str:
     out.append("")
     out += _queue_lines(snapshot["queues"])
     out += _schedule_lines(snapshot.get("schedules") or [])
+    out += _read_database_lines(snapshot)
     out.append(f"at {snapshot['generated_at']}")
     return "\n".join(out)
 
@@ -157,6 +165,20 @@ def _schedule_lines(schedules: list[dict[str, Any]]) -> list[str]:
     widths = [max(len(cell) for cell in column) for column in zip(header, *lines, strict=False)]
     table = [header, ["-" * w for w in widths], *lines]
     return ["", *(_left_aligned(row, widths) for row in table), ""]
+
+
+def _read_database_lines(snapshot: dict[str, Any]) -> list[str]:
+    """Where the numbers come from, with READ_DATABASE: how far behind they are."""
+    alias = snapshot.get("read_database")
+    if alias is None:
+        return []
+    if not snapshot["read_database_is_replica"]:
+        return [f"read from {alias} (READ_DATABASE): not a replica, no lag"]
+    lag = snapshot["replica_lag_seconds"]
+    if lag is None:
+        return [f"read from replica {alias} (READ_DATABASE): no transaction replayed yet"]
+    behind = humanize_seconds(lag)
+    return [f"read from replica {alias} (READ_DATABASE): {behind} behind the primary"]
 
 
 def _left_aligned(cells: list[str], widths: list[int]) -> str:
