@@ -12,6 +12,12 @@ retry, cancel, requeue and sending a signal need ``change_task``; delete needs
 ``delete_task``; removing
 stale worker rows needs ``delete_worker``; pausing and resuming queues from the
 overview needs ``pause_queue`` (declared on the QueueOverview proxy).
+
+The lists, the pages and the overview read from the read database (``READ_DATABASE``,
+a replica, when it is set: ``get_queryset``); every change goes to ``DATABASE``. An
+action re-selects its rows there (``queryset.using(DATABASE)``), so it acts on the
+rows as they are now, never on a replica's older copy, and what an action reads back
+of its own writes (the rows it logs) is read there too.
 """
 
 from __future__ import annotations
@@ -39,7 +45,7 @@ from django.utils.html import format_html, format_html_join
 from django.utils.safestring import mark_safe
 
 from django_pgqueue import operations
-from django_pgqueue.conf import get_settings
+from django_pgqueue.conf import get_settings, read_database
 from django_pgqueue.exceptions import InvalidTaskError
 from django_pgqueue.models import (
     LIVE_STATES,
@@ -127,11 +133,12 @@ def task_edges(task: Task, way: str) -> Edges:
     EDGE_DISPLAY_LIMIT edges and their tasks (by primary key) are read, plus one count
     when there are more. Cached on ``task`` for the page's fields."""
     cache = task.__dict__.setdefault("_pgqueue_edges", {})
+    using = read_database()
     if way not in cache:
         if way == "parents":
-            edges, other = Dependency.objects.filter(child_id=task.pk), "parent_id"
+            edges, other = Dependency.objects.using(using).filter(child_id=task.pk), "parent_id"
         elif task.has_dependents:
-            edges, other = Dependency.objects.filter(parent_id=task.pk), "child_id"
+            edges, other = Dependency.objects.using(using).filter(parent_id=task.pk), "child_id"
         else:
             cache[way] = Edges([], 0, 0)
             return cache[way]
@@ -150,9 +157,9 @@ def task_edges(task: Task, way: str) -> Edges:
         ids = [r[other] for r in rows]
         found = {
             pk: (name, state)
-            for pk, name, state in Task.objects.filter(pk__in=ids).values_list(
-                "pk", "task_name", "state"
-            )
+            for pk, name, state in Task.objects.using(using)
+            .filter(pk__in=ids)
+            .values_list("pk", "task_name", "state")
         }
         cache[way] = Edges(
             [
@@ -242,14 +249,14 @@ class SignalForm(forms.Form):
 
 def _known_queues() -> set[str]:
     queues = set(get_settings().QUEUES) | {d.queue for d in registry.all()}
-    for worker_queues in Worker.objects.values_list("queues", flat=True):
+    for worker_queues in Worker.objects.using(read_database()).values_list("queues", flat=True):
         queues.update(worker_queues or [])
     return queues
 
 
 def _known_task_names() -> set[str]:
     names = {d.name for d in registry.all()}
-    for routes in Worker.objects.values_list("routes", flat=True):
+    for routes in Worker.objects.using(read_database()).values_list("routes", flat=True):
         names.update(route[0] for route in routes or [])
     return names
 
@@ -366,7 +373,11 @@ def _cancel(
         else "Cancel requested (the task was running).",
     )
     if cancelled:
-        upstream = Task.objects.filter(pk__in=cancelled, has_dependents=True).exists()
+        upstream = (
+            Task.objects.using(get_settings().DATABASE)
+            .filter(pk__in=cancelled, has_dependents=True)
+            .exists()
+        )
         messages.success(
             request,
             f"Cancelled {len(cancelled)} task(s)."
@@ -418,7 +429,9 @@ def _requeue(model_admin: TaskAdmin, request: HttpRequest, ids: list[int]) -> No
 
 
 def _delete(model_admin: TaskAdmin, request: HttpRequest, ids: list[int]) -> None:
-    doomed = list(Task.objects.filter(pk__in=ids, state__in=TERMINAL_STATES))
+    doomed = list(
+        Task.objects.using(get_settings().DATABASE).filter(pk__in=ids, state__in=TERMINAL_STATES)
+    )
     deleted = set(operations.delete_finished([t.pk for t in doomed]))
     model_admin.log(request, [t for t in doomed if t.pk in deleted], DELETION, "")
     _report(
@@ -457,6 +470,9 @@ DETAIL_BUTTONS = ("retry_now", "cancel", "cancel_hard", "requeue")
 
 def _action(op: Operation, description: str):
     def action(model_admin: TaskAdmin, request: HttpRequest, queryset: QuerySet) -> None:
+        # The selection (ids, or "select all" with the list's filters) is taken again on
+        # DATABASE: the list may come from a replica, whose states may be behind.
+        queryset = queryset.using(get_settings().DATABASE)
         # Only the rows this operation can change are read: "select all" over a big
         # history must not load a million ids to skip them.
         eligible = list(queryset.filter(state__in=op.applies_to).values_list("pk", flat=True))
@@ -584,6 +600,10 @@ class TaskAdmin(admin.ModelAdmin):
         },
     )
 
+    def get_queryset(self, request: HttpRequest) -> QuerySet:
+        """The list and the detail page read from the read database."""
+        return super().get_queryset(request).using(read_database())
+
     # A task is never edited through a form: see the module docstring.
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False
@@ -624,7 +644,11 @@ class TaskAdmin(admin.ModelAdmin):
         # Exact matches only: the id through the primary key; the unique key as given.
         # A finished task's unique key is in no index, so that lookup reads the table:
         # it runs once, here, and the page's own queries then go by primary key.
-        ids = list(Task.objects.filter(unique_key=term).values_list("pk", flat=True)[:1000])
+        ids = list(
+            Task.objects.using(read_database())
+            .filter(unique_key=term)
+            .values_list("pk", flat=True)[:1000]
+        )
         number = term.removeprefix("#")
         if number.isdigit():
             ids.append(int(number))
@@ -883,7 +907,12 @@ class TaskAdmin(admin.ModelAdmin):
                 "resumes at once.",
             )
         else:
-            now = Task.objects.filter(pk=task.pk).values_list("state", flat=True).first()
+            now = (
+                Task.objects.using(get_settings().DATABASE)
+                .filter(pk=task.pk)
+                .values_list("state", flat=True)
+                .first()
+            )
             messages.error(
                 request,
                 f"Not sent: task {task.pk} has finished ({now or 'deleted'}); a finished task "
@@ -898,7 +927,7 @@ class TaskAdmin(admin.ModelAdmin):
             raise PermissionDenied("unknown operation, or not a POST")
         if not self.has_change_permission(request):
             raise PermissionDenied(f"{op.label}: permission denied")
-        task = get_object_or_404(Task, pk=object_id)
+        task = get_object_or_404(Task.objects.using(get_settings().DATABASE), pk=object_id)
         op.run(self, request, [task.pk])
         return HttpResponseRedirect(reverse("admin:django_pgqueue_task_change", args=[task.pk]))
 
@@ -920,20 +949,28 @@ class TaskAdmin(admin.ModelAdmin):
             **(extra_context or {}),
             "pgqueue_operations": buttons,
             "pgqueue_signal": send_signal,
+            "pgqueue_read_database": get_settings().READ_DATABASE,
         }
         return super().change_view(request, object_id, form_url, context)
 
     def changelist_view(self, request, extra_context=None):
         overview_url = reverse("admin:django_pgqueue_queueoverview_changelist")
-        context = {**(extra_context or {}), "pgqueue_overview_url": overview_url}
+        context = {
+            **(extra_context or {}),
+            "pgqueue_overview_url": overview_url,
+            "pgqueue_read_database": get_settings().READ_DATABASE,
+        }
         return super().changelist_view(request, context)
 
     # -- audit trail ------------------------------------------------------------------
     def log(self, request: HttpRequest, tasks: list, flag: int, message: str) -> None:
-        """One admin LogEntry per task changed (ids or Task objects)."""
+        """One admin LogEntry per task changed (ids, read on DATABASE, or Task objects)."""
         if not tasks:
             return
-        objects = tasks if isinstance(tasks[0], Task) else list(Task.objects.filter(pk__in=tasks))
+        if isinstance(tasks[0], Task):
+            objects = tasks
+        else:
+            objects = list(Task.objects.using(get_settings().DATABASE).filter(pk__in=tasks))
         LogEntry.objects.log_actions(request.user.pk, objects, flag, message)
 
 
@@ -993,7 +1030,7 @@ class QueueOverviewAdmin(admin.ModelAdmin):
             messages.error(request, f"Not {action}d: {exc}")
             return HttpResponseRedirect(overview_url)
         # only(): last_escape_at may be -infinity, which Python's datetime cannot hold.
-        queues = list(Queue.objects.only("name").filter(pk=queue))
+        queues = list(Queue.objects.using(get_settings().DATABASE).only("name").filter(pk=queue))
         LogEntry.objects.log_actions(request.user.pk, queues, CHANGE, done)
         return HttpResponseRedirect(overview_url)
 
@@ -1058,6 +1095,9 @@ class WorkerAdmin(admin.ModelAdmin):
     change_list_template = "admin/django_pgqueue/worker/change_list.html"
     actions = ["remove_stale"]
 
+    def get_queryset(self, request: HttpRequest) -> QuerySet:
+        return super().get_queryset(request).using(read_database())
+
     def has_view_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return can_view_tasks(request) or super().has_view_permission(request, obj)
 
@@ -1099,6 +1139,8 @@ class WorkerAdmin(admin.ModelAdmin):
     @admin.action(description="Remove selected workers that are stale", permissions=["delete"])
     def remove_stale(self, request: HttpRequest, queryset: QuerySet) -> None:
         # The database's clock decides what is stale; a live worker's row is left alone.
+        # Decided on DATABASE: a replica's heartbeats may be behind.
+        queryset = queryset.using(get_settings().DATABASE)
         stale = queryset.filter(last_heartbeat_at__lt=Now() - self._stale_after())
         removed, _ = stale.delete()
         if removed:
@@ -1110,7 +1152,7 @@ class WorkerAdmin(admin.ModelAdmin):
 
     def changelist_view(self, request: HttpRequest, extra_context=None) -> HttpResponse:
         stale_before = timezone.now() - self._stale_after()
-        workers = list(Worker.objects.all())
+        workers = list(Worker.objects.using(read_database()))
         live = [w for w in workers if w.last_heartbeat_at >= stale_before]
         context = {
             **(extra_context or {}),

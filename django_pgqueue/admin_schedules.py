@@ -8,6 +8,9 @@ fires.
 Permissions are Django's model permissions on Schedule, staff only: viewing needs
 ``view_schedule`` (or ``change_schedule``); "Run now" needs ``change_schedule``;
 deleting the rows of removed schedules needs ``delete_schedule``.
+
+The list reads from the read database (``READ_DATABASE`` when set); the actions
+re-select the rows on ``DATABASE`` and write there.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from django.urls import reverse
 from django.utils import timezone
 from django.utils.html import format_html
 
-from django_pgqueue.conf import get_settings
+from django_pgqueue.conf import get_settings, read_database
 from django_pgqueue.models import Schedule
 from django_pgqueue.periodic import ScheduleDefinition, next_tick, run_now, schedule_registry
 
@@ -46,6 +49,9 @@ class ScheduleAdmin(admin.ModelAdmin):
     list_display_links = None
     search_fields = ("name", "task_name")
     actions = ["run_now", "delete_removed"]
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet:
+        return super().get_queryset(request).using(read_database())
 
     # A schedule is declared in code, and its row is the workers' to write.
     def has_add_permission(self, request: HttpRequest) -> bool:
@@ -124,8 +130,9 @@ class ScheduleAdmin(admin.ModelAdmin):
     )
     def run_now(self, request: HttpRequest, queryset: QuerySet) -> None:
         ran, removed = [], []
-        with transaction.atomic(using=get_settings().DATABASE):
-            for schedule in queryset:
+        database = get_settings().DATABASE
+        with transaction.atomic(using=database):
+            for schedule in queryset.using(database):
                 if schedule.name not in schedule_registry:
                     removed.append(schedule.name)
                     continue
@@ -147,11 +154,12 @@ class ScheduleAdmin(admin.ModelAdmin):
 
     @admin.action(description="Delete the rows of removed schedules", permissions=["delete"])
     def delete_removed(self, request: HttpRequest, queryset: QuerySet) -> None:
+        queryset = queryset.using(get_settings().DATABASE)
         doomed = [s for s in queryset if s.name not in schedule_registry]
         kept = len(queryset) - len(doomed)
         if doomed:
             LogEntry.objects.log_actions(request.user.pk, doomed, DELETION, "")
-            Schedule.objects.filter(pk__in=[s.pk for s in doomed]).delete()
+            queryset.filter(pk__in=[s.pk for s in doomed]).delete()
             messages.success(request, f"Deleted {len(doomed)} row(s) of removed schedules.")
         if kept:
             messages.warning(
@@ -161,7 +169,7 @@ class ScheduleAdmin(admin.ModelAdmin):
             )
 
     def changelist_view(self, request: HttpRequest, extra_context=None) -> HttpResponse:
-        seen = set(Schedule.objects.values_list("name", flat=True))
+        seen = set(Schedule.objects.using(read_database()).values_list("name", flat=True))
         unseen = [s.name for s in schedule_registry.all() if s.name not in seen]
         if unseen and request.method == "GET":
             messages.info(
