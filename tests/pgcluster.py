@@ -194,6 +194,47 @@ class PrivateCluster:
             )
         return url
 
+    def create_standby(self) -> PrivateCluster:
+        """A streaming replica of this server, started on a port of its own: a hot
+        standby that replays this server's WAL, answers reads and refuses writes.
+        ``pg_basebackup --write-recovery-conf`` copies the data directory and points the
+        copy at this server. This server needs ``wal_level = replica`` and some
+        ``max_wal_senders``: PostgreSQL's defaults, checked here. initdb's pg_hba.conf
+        already trusts replication connections from 127.0.0.1."""
+        if not (self.bindir / "pg_basebackup").exists():
+            raise ClusterUnavailable(
+                f"pg_basebackup not found in {self.bindir} (pg_config --bindir): install "
+                "the PostgreSQL server package to run the replica tests"
+            )
+        with self.connect() as conn:
+            wal_level = conn.execute("SHOW wal_level").fetchone()[0]
+            senders = int(conn.execute("SHOW max_wal_senders").fetchone()[0])
+        if wal_level == "minimal" or senders < 1:
+            raise RuntimeError(
+                f"a standby needs wal_level = replica and max_wal_senders >= 1 on its "
+                f"primary, which has wal_level = {wal_level}, max_wal_senders = {senders}"
+            )
+        root = Path(tempfile.mkdtemp(prefix="pgqueue-standby-"))
+        if self._prefix:
+            account = pwd.getpwnam("postgres")
+            os.chown(root, account.pw_uid, account.pw_gid)
+        standby = PrivateCluster(self.bindir, root, self._prefix)
+        try:
+            self._pg("pg_basebackup", "--pgdata", str(standby.data), "--host", "127.0.0.1",
+                     "--port", str(self.port), "--username", "postgres",
+                     "--write-recovery-conf", "--checkpoint", "fast", "--wal-method", "stream",
+                     "--no-sync")
+            # The copy's postgresql.conf is this server's: the lines below win.
+            with open(standby.data / "postgresql.conf", "a") as conf:
+                conf.write(f"\n# tests/pgcluster.py: a standby of port {self.port}\n"
+                           f"port = {standby.port}\nunix_socket_directories = '{root}'\n"
+                           "hot_standby = on\n")
+            standby.start()
+        except BaseException:
+            standby.destroy()
+            raise
+        return standby
+
     def log_tail(self, lines: int = 30) -> str:
         if not self.logfile.exists():
             return "(no server log)"
