@@ -15,8 +15,9 @@ Events:
   (a) every committed task succeeded, and the run whose success the row records
       reached its end (exact by attempt and token when the row has executions);
   (b) no task enqueued in a rolled-back transaction exists or ran;
-  (c) two runs of one task overlap only if the earlier run's lease expired and was
-      recovered: the row's history names that run's lease as lost.
+  (c) two runs of one task overlap only if the older claim's lease (the lower attempt:
+      usually the run that started first) expired and was recovered: the row's history
+      names that run's lease as lost.
 
 What a run's interval is: from its ``start`` to its ``end``. A run without an end was
 cut short with its process: if the test recorded that process's ``exit``, the run ends
@@ -312,9 +313,12 @@ def check(
                     continue
                 row = by_id.get(task)
                 # One lease run twice at once is never justified: a recovered lease
-                # is gone, and the next run has a token of its own.
+                # is gone, and the next run has a token of its own. The run that must
+                # have lost its lease is the older claim (the lower attempt): it may
+                # have started last, if its process stalled before starting it.
+                stale = earlier if earlier.attempt <= later.attempt else later
                 if (row is not None and later.token != earlier.token
-                        and lease_recovered(row, earlier)):
+                        and lease_recovered(row, stale)):
                     report.justified_overlaps += 1
                 else:
                     report.overlaps.append(Overlap(earlier, later, row))

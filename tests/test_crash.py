@@ -7,8 +7,9 @@ import time
 import pytest
 
 from django_pgqueue.models import Task
-from tests import tasks
+from tests import ledger, tasks
 from tests.conftest import wait_until
+from tests.ledger_tasks import ledger_run
 from tests.testapp.models import Run
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -162,3 +163,30 @@ def test_process_mode_stops_gracefully_when_the_whole_group_is_signalled(start_w
     assert supervisor.wait(30) == 0
     assert "second signal" not in supervisor.log()
     assert Task.objects.get(pk=task_id).state == "succeeded"
+
+
+def test_a_stalled_worker_does_not_start_the_tasks_it_held_once_their_leases_lapsed(
+    start_worker, tmp_path, monkeypatch
+):
+    # Given a worker with one slot holding five prefetched tasks, and a 2 s lease
+    path = tmp_path / "ledger.jsonl"
+    monkeypatch.setenv(ledger.LEDGER_ENV, str(path))
+    fast = ("--lease", "2", "--heartbeat", "0.5", "--sweep-interval", "0.25")
+    stalled = start_worker("--concurrency", "1", "--prefetch", "5", *fast)
+    ids = ledger_run.enqueue_many([(n, 0.4) for n in range(6)])
+    wait_until(lambda: Task.objects.filter(pk__in=ids, state="running").count() == 6, 10,
+               message="all six claimed by the one worker")  # fmt: skip
+    # When it stalls for longer than the lease while another worker takes them over
+    stalled.signal(signal.SIGSTOP)
+    start_worker("--concurrency", "4", *fast)
+    wait_until(lambda: Task.objects.filter(pk__in=ids, state="succeeded").count() == 6, 20,
+               message="the other worker to run them")  # fmt: skip
+    resumed = time.time()
+    stalled.signal(signal.SIGCONT)
+    time.sleep(1.5)
+    # Then, woken, it starts none of the tasks it held (their leases lapsed): at most
+    # the one already running in its slot goes on
+    late = [e for e in ledger.read(path)
+            if e["event"] == "start" and e["pid"] == stalled.pid and e["t"] >= resumed]  # fmt: skip
+    assert late == []
+    assert "its lease expired before it could start" in stalled.log()

@@ -57,6 +57,18 @@ def test_an_overlap_after_the_earlier_runs_lease_was_recovered_is_justified():
     assert report.justified_overlaps == 1
 
 
+def test_an_old_claim_started_after_the_new_one_is_justified_by_its_own_recovered_lease():
+    # The first claim's process stalled before starting it; its lease was recovered and
+    # the second attempt began; then the stalled process woke and started the first.
+    events = run(1, 2, TOKEN_B, 20, 3.0, 7.0) + run(1, 1, TOKEN_A, 10, 4.0, 5.0)
+    history = [lost(1, TOKEN_A), {"attempt": 2, "token": TOKEN_B, "outcome": "success"}]
+
+    report = check(events, [row(executions=history)], committed=[1])
+
+    assert report.violations == 0
+    assert report.justified_overlaps == 1
+
+
 def test_a_recovery_of_another_lease_does_not_justify_an_overlap():
     # The same attempt, claimed twice (the first claim forgotten by a crash); only the
     # second claim's lease was ever recovered.

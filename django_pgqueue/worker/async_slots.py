@@ -38,7 +38,10 @@ class AsyncSlots:
         *,
         on_outcome: Callable[[Outcome], None],
         changed: threading.Condition,
+        stale: Callable[[ClaimedTask], Outcome | None] = lambda task: None,
     ) -> None:
+        # The outcome of a task whose lease lapsed before it could start (worker.py).
+        self._stale = stale
         self.size = size
         self.capacity = size  # no prefetch: a free async slot starts a task at once
         self._runner = runner
@@ -68,7 +71,7 @@ class AsyncSlots:
         task.mark_started()
         self._running[task] = asyncio.current_task()
         try:
-            outcome = await execute_async(task, self._database)
+            outcome = self._stale(task) or await execute_async(task, self._database)
         finally:
             self._running.pop(task, None)
         try:

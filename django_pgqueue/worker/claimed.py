@@ -61,6 +61,8 @@ class ClaimedTask:
     # When a slot began running it: a prefetched task may wait for a slot, and its
     # timeout counts from its start, not from its claim.
     started_monotonic: float | None = None
+    # When the heartbeat last renewed the lease (the renewal was sent then: monotonic).
+    renewed_monotonic: float | None = None
     context: TaskContext | None = None
 
     @property
@@ -94,6 +96,14 @@ class ClaimedTask:
 
     def mark_started(self) -> None:
         self.started_monotonic = time.monotonic()
+
+    def lease_left(self, lease_seconds: float) -> float:
+        """Seconds the lease surely still holds, on this process's clock: from the claim's
+        arrival or the last renewal the heartbeat saw written (both after the database
+        stamped them). Negative after a stall longer than the lease (a SIGSTOP, a frozen
+        VM): the sweep may have given the task to another worker meanwhile."""
+        held_since = self.renewed_monotonic or self.received_monotonic
+        return held_since + lease_seconds - time.monotonic()
 
     @property
     def waited(self) -> float:

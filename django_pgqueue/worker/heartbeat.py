@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from collections.abc import Callable
 
 from django_pgqueue.sql import QUERIES
@@ -75,6 +76,7 @@ class Heartbeat(Periodic):
             self._lost_logged.clear()
             return
         leases = json.dumps([t.lease.as_json() for t in tasks])
+        sent = time.monotonic()
         rows = self.session.fetchall(
             "heartbeat", {"leases": leases, "lease_seconds": self.lease_seconds}
         )
@@ -93,6 +95,7 @@ class Heartbeat(Periodic):
             if lease in held:
                 continue
             if lease in renewed:
+                task.renewed_monotonic = sent
                 cancel, hard = renewed[lease]
                 if cancel and not (task.cancel_requested and task.cancel_hard >= hard):
                     task.request_cancel(hard)

@@ -18,6 +18,8 @@ raised, attempts spent          failed (dead letter), error appended
 timeout / written off / killed  as raised, with a TimeoutError
 hard cancel (process killed)    cancelled, error says the handler was killed
 payload cannot run              failed at once, no retry (bad stored args, bad result)
+lease lapsed before the start    not run: pending again (failed on the last attempt), as
+                                the sweep would write it (a process that stalled)
 shutdown, handler unfinished    pending after ``RELEASE_DELAY``, attempt not refunded
                                 (failed on the last attempt, with WorkerShutdown)
 ==============================  ===========================================================
@@ -230,6 +232,25 @@ def killed_on_cancel(task: ClaimedTask) -> Outcome:
 
 def timed_out(task: ClaimedTask, message: str) -> Outcome:
     return failed(task, plain_error(task, "TimeoutError", message), label=TIMEOUT)
+
+
+def expired_before_start(task: ClaimedTask) -> Outcome:
+    """A claimed task held ready (a prefetch, a busy slot) whose lease lapsed before its
+    handler could start (the process stalled past the lease): not run, since the sweep
+    may already have handed it to another worker. Written as the sweep would (fenced: if
+    the sweep did recover it, nothing is written): pending again, or failed when this was
+    the last attempt."""
+    error = {
+        **plain_error(
+            task,
+            "LeaseExpired",
+            "the lease expired while the task waited to start in this worker (the process "
+            "stalled for longer than the lease); it was not run here",
+        ),
+        "outcome": LOST,
+    }
+    state = "pending" if task.attempt < task.max_attempts else "failed"
+    return Outcome(task, LOST, state, error=error, delay=0 if state == "pending" else None)
 
 
 def released(task: ClaimedTask) -> Outcome:

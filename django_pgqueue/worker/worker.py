@@ -29,7 +29,7 @@ from django_pgqueue.worker.connection import CONNECTION_ERRORS, Session, is_pool
 from django_pgqueue.worker.execution import execute
 from django_pgqueue.worker.heartbeat import Heartbeat
 from django_pgqueue.worker.inflight import InFlight
-from django_pgqueue.worker.outcomes import Outcome, released
+from django_pgqueue.worker.outcomes import Outcome, expired_before_start, released
 from django_pgqueue.worker.periodic import Fleet
 from django_pgqueue.worker.prefork import DEADLINE_MARGIN, PreforkPool
 from django_pgqueue.worker.pruner import Pruner
@@ -44,6 +44,8 @@ logger = logging.getLogger("django_pgqueue.worker")
 
 # Exit code of a worker that stopped to be replaced (too many written-off slots).
 EXIT_RECYCLE = 75
+# A claimed task whose lease holds for less than this (seconds) is not started.
+LEASE_MARGIN = 1.0
 
 
 # The settings the worker takes from its options (conf.SETTINGS rows with an ``option``).
@@ -141,6 +143,11 @@ class Worker:
                 self.alias,
                 on_outcome=self.settler.put,
                 changed=self.slots._free_changed,
+                stale=lambda task: (
+                    self._expired_before_start(task)
+                    if task.lease_left(options.lease_seconds) < LEASE_MARGIN
+                    else None
+                ),
             )
             claim_routes = [(d.name, d.version) for d in definitions if not d.is_async]
             async_routes = [(d.name, d.version) for d in definitions if d.is_async]
@@ -253,9 +260,20 @@ class Worker:
 
     # -- running ----------------------------------------------------------------------
     def _execute(self, task: ClaimedTask) -> Outcome:
+        if task.lease_left(self.options.lease_seconds) < LEASE_MARGIN:
+            return self._expired_before_start(task)
         if self.pool is not None:
             return self.pool.execute(task)
         return execute(task, self.alias, self._async_runner)
+
+    def _expired_before_start(self, task: ClaimedTask) -> Outcome:
+        logger.warning(
+            "%s: its lease expired before it could start (this process stalled for longer "
+            "than the lease); not running it",
+            task.log_prefix(),
+        )
+        self.stats.incr("expired_before_start")
+        return expired_before_start(task)
 
     def _on_hard_cancel(self, task: ClaimedTask) -> None:
         if self.pool is not None:
