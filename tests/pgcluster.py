@@ -97,8 +97,10 @@ class PrivateCluster:
         self._prefix = prefix
 
     @classmethod
-    def create(cls) -> PrivateCluster:
-        """initdb into a new temporary directory and start the server."""
+    def create(cls, **overrides: str) -> PrivateCluster:
+        """initdb into a new temporary directory and start the server. ``overrides``
+        (postgresql.conf syntax, e.g. ``max_connections="1000"``) override
+        SERVER_SETTINGS."""
         bindir = find_bindir()
         prefix = _as_postgres_user()
         # Not pytest's tmp_path: its parent is private to the current user, and the
@@ -113,6 +115,7 @@ class PrivateCluster:
                         "--auth", "trust", "--encoding", "UTF8", "--locale", "C", "--no-sync")
             settings = {
                 **SERVER_SETTINGS,
+                **overrides,
                 "port": str(cluster.port),
                 "unix_socket_directories": f"'{root}'",
             }
