@@ -24,6 +24,17 @@ else:
         )
     }
 
+# python -m benchmarks.connections: the handlers' Django connections from Django's
+# connection pool of this max_size (needs psycopg_pool), or kept between tasks for this
+# CONN_MAX_AGE. The worker's own connections use neither.
+if os.environ.get("PGQUEUE_BENCH_POOL"):
+    DATABASES["default"].setdefault("OPTIONS", {})["pool"] = {
+        "min_size": 2,
+        "max_size": int(os.environ["PGQUEUE_BENCH_POOL"]),
+    }
+if os.environ.get("PGQUEUE_BENCH_CONN_MAX_AGE"):
+    DATABASES["default"]["CONN_MAX_AGE"] = int(os.environ["PGQUEUE_BENCH_CONN_MAX_AGE"])
+
 PGQUEUE = {
     "TASK_MODULES": ["benchmarks.tasks"]
     + (["benchmarks.async_tasks"] if os.environ.get("PGQUEUE_BENCH_ASYNC_TASKS") == "1" else []),

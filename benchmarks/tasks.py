@@ -1,7 +1,9 @@
 """The benchmark's tasks: a no-op taking one int, probes that report when they ran,
-and a chord's callback (W9)."""
+a chord's callback (W9), and a handler that touches the database (connections)."""
 
 import time
+
+from django.db import connection
 
 from django_pgqueue import TaskContext, task
 
@@ -30,3 +32,16 @@ def hold(seconds: float) -> float:
 def fan_in(context: TaskContext, members: int) -> int:
     """A chord's callback (W9): how many of its parents succeeded, from their results."""
     return sum(1 for p in context.parent_results().values() if p["state"] == "succeeded")
+
+
+@task
+def query_then_sleep(seconds: float, release: bool = False) -> None:
+    """One query on the slot thread's Django connection, then ``seconds`` away from the
+    database (python -m benchmarks.connections). ``release``: close the connection after
+    the query, so a pooled one goes back to the pool before the sleep rather than when
+    the worker closes it after the task."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT 1")
+    if release:
+        connection.close()
+    time.sleep(seconds)
