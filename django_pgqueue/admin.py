@@ -45,7 +45,14 @@ from django.utils.html import format_html, format_html_join
 from django.utils.safestring import mark_safe
 
 from django_pgqueue import operations
-from django_pgqueue.conf import get_settings, read_database
+from django_pgqueue.admin_databases import (
+    DatabaseFilter,
+    database_of,
+    request_database,
+    request_read_database,
+    with_database,
+)
+from django_pgqueue.conf import database_for, get_settings, queue_databases, read_database
 from django_pgqueue.exceptions import InvalidTaskError
 from django_pgqueue.models import (
     LIVE_STATES,
@@ -124,6 +131,7 @@ class Edges:
     # proceed_on_failure; task_name and state are None for a task deleted since
     total: int
     unresolved: int
+    database: str | None = None  # the alias of the tasks, for their links
 
 
 def task_edges(task: Task, way: str) -> Edges:
@@ -133,14 +141,14 @@ def task_edges(task: Task, way: str) -> Edges:
     EDGE_DISPLAY_LIMIT edges and their tasks (by primary key) are read, plus one count
     when there are more. Cached on ``task`` for the page's fields."""
     cache = task.__dict__.setdefault("_pgqueue_edges", {})
-    using = read_database()
+    using = task._state.db or read_database()  # where the page read the task
     if way not in cache:
         if way == "parents":
             edges, other = Dependency.objects.using(using).filter(child_id=task.pk), "parent_id"
         elif task.has_dependents:
             edges, other = Dependency.objects.using(using).filter(parent_id=task.pk), "child_id"
         else:
-            cache[way] = Edges([], 0, 0)
+            cache[way] = Edges([], 0, 0, database_of(using))
             return cache[way]
         rows = list(
             edges.order_by("resolved", other).values(other, "resolved", "proceed_on_failure")[
@@ -174,6 +182,7 @@ def task_edges(task: Task, way: str) -> Edges:
             ],
             total,
             unresolved,
+            database_of(using),
         )
     return cache[way]
 
@@ -184,7 +193,9 @@ def _edges_table(edges: Edges, one: str, many: str) -> str:
         return EMPTY
     rows = [
         (
-            reverse("admin:django_pgqueue_task_change", args=[edge["task"]]),
+            with_database(
+                reverse("admin:django_pgqueue_task_change", args=[edge["task"]]), edges.database
+            ),
             edge["task"],
             edge["task_name"] or "(deleted since)",
             _state_html(edge["state"]) if edge["state"] else EMPTY,
@@ -239,6 +250,13 @@ class SignalForm(forms.Form):
             return parse_json(self.cleaned_data["payload"], "the payload")
         except InvalidTaskError as exc:
             raise forms.ValidationError(str(exc)) from None
+
+
+def _replica_of(request: HttpRequest) -> str | None:
+    """READ_DATABASE, when the page's reads go there (its database is DATABASE)."""
+    if request_database(request) != queue_databases()[0]:
+        return None
+    return get_settings().READ_DATABASE
 
 
 # -- list filters ---------------------------------------------------------------------
@@ -339,7 +357,7 @@ def _report(request: HttpRequest, done: int, asked: int, success: str, skipped_r
 
 
 def _retry_now(model_admin: TaskAdmin, request: HttpRequest, ids: list[int]) -> None:
-    retried = operations.retry_now(ids)
+    retried = operations.retry_now(ids, database=request_database(request))
     model_admin.log(request, retried, CHANGE, "Retried now.")
     _report(
         request,
@@ -356,9 +374,10 @@ def _cancel(
     model_admin: TaskAdmin, request: HttpRequest, ids: list[int], hard: bool = False
 ) -> None:
     cancelled, requested = [], []
-    with transaction.atomic(using=get_settings().DATABASE):
+    database = request_database(request)
+    with transaction.atomic(using=database):
         for task_id in ids:
-            result = operations.cancel(task_id, hard=hard)
+            result = operations.cancel(task_id, hard=hard, database=database)
             if result == "cancelled":
                 cancelled.append(task_id)
             elif result == "cancel_requested":
@@ -374,9 +393,7 @@ def _cancel(
     )
     if cancelled:
         upstream = (
-            Task.objects.using(get_settings().DATABASE)
-            .filter(pk__in=cancelled, has_dependents=True)
-            .exists()
+            Task.objects.using(database).filter(pk__in=cancelled, has_dependents=True).exists()
         )
         messages.success(
             request,
@@ -416,7 +433,7 @@ def _cancel_hard(model_admin: TaskAdmin, request: HttpRequest, ids: list[int]) -
 
 
 def _requeue(model_admin: TaskAdmin, request: HttpRequest, ids: list[int]) -> None:
-    requeued = operations.requeue_dead(ids)
+    requeued = operations.requeue_dead(ids, database=request_database(request))
     model_admin.log(request, requeued, CHANGE, "Requeued from the dead letters.")
     _report(
         request,
@@ -429,10 +446,9 @@ def _requeue(model_admin: TaskAdmin, request: HttpRequest, ids: list[int]) -> No
 
 
 def _delete(model_admin: TaskAdmin, request: HttpRequest, ids: list[int]) -> None:
-    doomed = list(
-        Task.objects.using(get_settings().DATABASE).filter(pk__in=ids, state__in=TERMINAL_STATES)
-    )
-    deleted = set(operations.delete_finished([t.pk for t in doomed]))
+    database = request_database(request)
+    doomed = list(Task.objects.using(database).filter(pk__in=ids, state__in=TERMINAL_STATES))
+    deleted = set(operations.delete_finished([t.pk for t in doomed], database=database))
     model_admin.log(request, [t for t in doomed if t.pk in deleted], DELETION, "")
     _report(
         request,
@@ -471,8 +487,9 @@ DETAIL_BUTTONS = ("retry_now", "cancel", "cancel_hard", "requeue")
 def _action(op: Operation, description: str):
     def action(model_admin: TaskAdmin, request: HttpRequest, queryset: QuerySet) -> None:
         # The selection (ids, or "select all" with the list's filters) is taken again on
-        # DATABASE: the list may come from a replica, whose states may be behind.
-        queryset = queryset.using(get_settings().DATABASE)
+        # the list's database itself: the list may come from a replica, whose states
+        # may be behind.
+        queryset = queryset.using(request_database(request))
         # Only the rows this operation can change are read: "select all" over a big
         # history must not load a million ids to skip them.
         eligible = list(queryset.filter(state__in=op.applies_to).values_list("pk", flat=True))
@@ -514,6 +531,7 @@ class TaskAdmin(admin.ModelAdmin):
     )
     list_display_links = ("id", "task_name")
     list_filter = (
+        DatabaseFilter,
         "state",
         QueueFilter,
         TaskNameFilter,
@@ -601,8 +619,9 @@ class TaskAdmin(admin.ModelAdmin):
     )
 
     def get_queryset(self, request: HttpRequest) -> QuerySet:
-        """The list and the detail page read from the read database."""
-        return super().get_queryset(request).using(read_database())
+        """The list and the detail page read from the read database of the page's
+        database (admin_databases)."""
+        return super().get_queryset(request).using(request_read_database(request))
 
     # A task is never edited through a form: see the module docstring.
     def has_add_permission(self, request: HttpRequest) -> bool:
@@ -620,7 +639,7 @@ class TaskAdmin(admin.ModelAdmin):
 
     def delete_model(self, request: HttpRequest, obj: Task) -> None:
         # State-checked at the moment of deleting, not when the page was drawn.
-        if not operations.delete_finished([obj.pk]):
+        if not operations.delete_finished([obj.pk], database=request_database(request)):
             raise PermissionDenied("only finished tasks can be deleted")
 
     def get_actions(self, request: HttpRequest) -> dict:
@@ -645,7 +664,7 @@ class TaskAdmin(admin.ModelAdmin):
         # A finished task's unique key is in no index, so that lookup reads the table:
         # it runs once, here, and the page's own queries then go by primary key.
         ids = list(
-            Task.objects.using(read_database())
+            Task.objects.using(queryset.db)
             .filter(unique_key=term)
             .values_list("pk", flat=True)[:1000]
         )
@@ -860,13 +879,16 @@ class TaskAdmin(admin.ModelAdmin):
         task = self.get_object(request, object_id)
         if task is None:
             raise Http404(f"no task with id {object_id!r}")
-        change_url = reverse("admin:django_pgqueue_task_change", args=[task.pk])
+        database = request_database(request)
+        change_url = with_database(
+            reverse("admin:django_pgqueue_task_change", args=[task.pk]), database
+        )
         if request.method == "POST":
             form = SignalForm(request.POST)
             if form.is_valid():
                 name, payload = form.cleaned_data["name"], form.cleaned_data["payload"]
                 try:
-                    outcome = operations.signal(task.pk, name, payload)
+                    outcome = operations.signal(task.pk, name, payload, database=database)
                 except InvalidTaskError as exc:
                     form.add_error(None, str(exc))
                 else:
@@ -908,7 +930,7 @@ class TaskAdmin(admin.ModelAdmin):
             )
         else:
             now = (
-                Task.objects.using(get_settings().DATABASE)
+                Task.objects.using(request_database(request))
                 .filter(pk=task.pk)
                 .values_list("state", flat=True)
                 .first()
@@ -927,29 +949,36 @@ class TaskAdmin(admin.ModelAdmin):
             raise PermissionDenied("unknown operation, or not a POST")
         if not self.has_change_permission(request):
             raise PermissionDenied(f"{op.label}: permission denied")
-        task = get_object_or_404(Task.objects.using(get_settings().DATABASE), pk=object_id)
+        database = request_database(request)
+        task = get_object_or_404(Task.objects.using(database), pk=object_id)
         op.run(self, request, [task.pk])
-        return HttpResponseRedirect(reverse("admin:django_pgqueue_task_change", args=[task.pk]))
+        change_url = reverse("admin:django_pgqueue_task_change", args=[task.pk])
+        return HttpResponseRedirect(with_database(change_url, database))
 
     def change_view(self, request, object_id, form_url="", extra_context=None):
         task = self.get_object(request, object_id)
+        database = request_database(request)
         buttons, send_signal = [], None
         if task is not None and self.has_change_permission(request):
             for name in DETAIL_BUTTONS:
                 op = OPERATIONS[name]
                 if task.state in op.applies_to:
                     url = reverse("admin:django_pgqueue_task_operate", args=[task.pk, name])
+                    url = with_database(url, database)
                     buttons.append({"label": op.label, "url": url, "name": name})
             if task.state in LIVE_STATES:
                 send_signal = {
-                    "url": reverse("admin:django_pgqueue_task_signal", args=[task.pk]),
+                    "url": with_database(
+                        reverse("admin:django_pgqueue_task_signal", args=[task.pk]), database
+                    ),
                     "form": SignalForm(initial={"name": task.wait_signal or ""}),
                 }
         context = {
             **(extra_context or {}),
             "pgqueue_operations": buttons,
             "pgqueue_signal": send_signal,
-            "pgqueue_read_database": get_settings().READ_DATABASE,
+            "pgqueue_read_database": _replica_of(request),
+            "pgqueue_database": database if len(queue_databases()) > 1 else None,
         }
         return super().change_view(request, object_id, form_url, context)
 
@@ -958,7 +987,7 @@ class TaskAdmin(admin.ModelAdmin):
         context = {
             **(extra_context or {}),
             "pgqueue_overview_url": overview_url,
-            "pgqueue_read_database": get_settings().READ_DATABASE,
+            "pgqueue_read_database": _replica_of(request),
         }
         return super().changelist_view(request, context)
 
@@ -970,7 +999,7 @@ class TaskAdmin(admin.ModelAdmin):
         if isinstance(tasks[0], Task):
             objects = tasks
         else:
-            objects = list(Task.objects.using(get_settings().DATABASE).filter(pk__in=tasks))
+            objects = list(Task.objects.using(request_database(request)).filter(pk__in=tasks))
         LogEntry.objects.log_actions(request.user.pk, objects, flag, message)
 
 
@@ -1030,7 +1059,7 @@ class QueueOverviewAdmin(admin.ModelAdmin):
             messages.error(request, f"Not {action}d: {exc}")
             return HttpResponseRedirect(overview_url)
         # only(): last_escape_at may be -infinity, which Python's datetime cannot hold.
-        queues = list(Queue.objects.using(get_settings().DATABASE).only("name").filter(pk=queue))
+        queues = list(Queue.objects.using(database_for(queue)).only("name").filter(pk=queue))
         LogEntry.objects.log_actions(request.user.pk, queues, CHANGE, done)
         return HttpResponseRedirect(overview_url)
 
@@ -1043,6 +1072,7 @@ class QueueOverviewAdmin(admin.ModelAdmin):
         for queue in overview["queues"]:
             for row in queue.rows:
                 base = {
+                    **({"db": queue.database} if queue.database != queue_databases()[0] else {}),
                     "queue": queue.name,
                     "task_name": row["task_name"],
                     "handler_version": row["handler_version"],
@@ -1091,12 +1121,13 @@ class WorkerAdmin(admin.ModelAdmin):
         "started_at",
     )
     list_display_links = None
+    list_filter = (DatabaseFilter,)
     ordering = ("hostname", "pid")
     change_list_template = "admin/django_pgqueue/worker/change_list.html"
     actions = ["remove_stale"]
 
     def get_queryset(self, request: HttpRequest) -> QuerySet:
-        return super().get_queryset(request).using(read_database())
+        return super().get_queryset(request).using(request_read_database(request))
 
     def has_view_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return can_view_tasks(request) or super().has_view_permission(request, obj)
@@ -1139,8 +1170,8 @@ class WorkerAdmin(admin.ModelAdmin):
     @admin.action(description="Remove selected workers that are stale", permissions=["delete"])
     def remove_stale(self, request: HttpRequest, queryset: QuerySet) -> None:
         # The database's clock decides what is stale; a live worker's row is left alone.
-        # Decided on DATABASE: a replica's heartbeats may be behind.
-        queryset = queryset.using(get_settings().DATABASE)
+        # Decided on the list's database itself: a replica's heartbeats may be behind.
+        queryset = queryset.using(request_database(request))
         stale = queryset.filter(last_heartbeat_at__lt=Now() - self._stale_after())
         removed, _ = stale.delete()
         if removed:
@@ -1152,7 +1183,7 @@ class WorkerAdmin(admin.ModelAdmin):
 
     def changelist_view(self, request: HttpRequest, extra_context=None) -> HttpResponse:
         stale_before = timezone.now() - self._stale_after()
-        workers = list(Worker.objects.using(read_database()))
+        workers = list(Worker.objects.using(request_read_database(request)))
         live = [w for w in workers if w.last_heartbeat_at >= stale_before]
         context = {
             **(extra_context or {}),

@@ -26,7 +26,14 @@ from django.urls import reverse
 from django.utils import timezone
 from django.utils.html import format_html
 
-from django_pgqueue.conf import get_settings, read_database
+from django_pgqueue.admin_databases import (
+    DatabaseFilter,
+    database_of,
+    request_database,
+    request_read_database,
+    with_database,
+)
+from django_pgqueue.exceptions import InvalidTaskError
 from django_pgqueue.models import Schedule
 from django_pgqueue.periodic import ScheduleDefinition, next_tick, run_now, schedule_registry
 
@@ -50,8 +57,10 @@ class ScheduleAdmin(admin.ModelAdmin):
     search_fields = ("name", "task_name")
     actions = ["run_now", "delete_removed"]
 
+    list_filter = (DatabaseFilter,)
+
     def get_queryset(self, request: HttpRequest) -> QuerySet:
-        return super().get_queryset(request).using(read_database())
+        return super().get_queryset(request).using(request_read_database(request))
 
     # A schedule is declared in code, and its row is the workers' to write.
     def has_add_permission(self, request: HttpRequest) -> bool:
@@ -104,7 +113,10 @@ class ScheduleAdmin(admin.ModelAdmin):
     def last_task_display(self, obj: Schedule) -> str:
         if obj.last_task_id is None:
             return EMPTY
-        url = reverse("admin:django_pgqueue_task_change", args=[obj.last_task_id])
+        url = with_database(
+            reverse("admin:django_pgqueue_task_change", args=[obj.last_task_id]),
+            database_of(obj._state.db),
+        )
         return format_html('<a href="{}">#{}</a>', url, obj.last_task_id)
 
     @admin.display(description="next tick")
@@ -129,14 +141,18 @@ class ScheduleAdmin(admin.ModelAdmin):
         description="Run now (enqueue the task once; the ticks go on)", permissions=["change"]
     )
     def run_now(self, request: HttpRequest, queryset: QuerySet) -> None:
-        ran, removed = [], []
-        database = get_settings().DATABASE
+        ran, removed, refused = [], [], []
+        database = request_database(request)
         with transaction.atomic(using=database):
             for schedule in queryset.using(database):
                 if schedule.name not in schedule_registry:
                     removed.append(schedule.name)
                     continue
-                task_id = run_now(schedule.name)
+                try:
+                    task_id = run_now(schedule.name)
+                except InvalidTaskError as exc:  # its queue is on another database now
+                    refused.append(f"{schedule.name}: {exc}")
+                    continue
                 ran.append((schedule, task_id))
         for schedule, task_id in ran:
             LogEntry.objects.log_actions(
@@ -145,6 +161,8 @@ class ScheduleAdmin(admin.ModelAdmin):
         if ran:
             ids = ", ".join(f"#{task_id}" for _, task_id in ran)
             messages.success(request, f"Enqueued {len(ran)} task(s) now: {ids}.")
+        for reason in refused:
+            messages.error(request, f"Skipped {reason}")
         if removed:
             messages.error(
                 request,
@@ -154,7 +172,7 @@ class ScheduleAdmin(admin.ModelAdmin):
 
     @admin.action(description="Delete the rows of removed schedules", permissions=["delete"])
     def delete_removed(self, request: HttpRequest, queryset: QuerySet) -> None:
-        queryset = queryset.using(get_settings().DATABASE)
+        queryset = queryset.using(request_database(request))
         doomed = [s for s in queryset if s.name not in schedule_registry]
         kept = len(queryset) - len(doomed)
         if doomed:
@@ -169,7 +187,9 @@ class ScheduleAdmin(admin.ModelAdmin):
             )
 
     def changelist_view(self, request: HttpRequest, extra_context=None) -> HttpResponse:
-        seen = set(Schedule.objects.using(read_database()).values_list("name", flat=True))
+        seen = set(
+            Schedule.objects.using(request_read_database(request)).values_list("name", flat=True)
+        )
         unseen = [s.name for s in schedule_registry.all() if s.name not in seen]
         if unseen and request.method == "GET":
             messages.info(

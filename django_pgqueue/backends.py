@@ -36,7 +36,7 @@ from django_pgqueue.compat import (
     normalize_json,
     task_enqueued,
 )
-from django_pgqueue.conf import get_settings
+from django_pgqueue.conf import database_for, get_settings, queue_databases
 from django_pgqueue.enqueue import insert as insert_row
 from django_pgqueue.registry import (
     validate_backoff,
@@ -125,7 +125,7 @@ class PgQueueBackend(BaseTaskBackend):
             ) from exc
         result = TaskResult(
             task=task,
-            id=str(task_id),
+            id=framework.result_id(task_id, database_for(task.queue_name)),
             status=TaskResultStatus.READY,
             enqueued_at=enqueued_at,
             started_at=None,
@@ -144,9 +144,9 @@ class PgQueueBackend(BaseTaskBackend):
         """The task's current state, or TaskResultDoesNotExist."""
         from django_pgqueue.models import Task as Row
 
-        task_id = _parse_id(result_id)
+        database, task_id = _parse_id(result_id)
         try:
-            row = Row.objects.using(get_settings().DATABASE).get(pk=task_id)
+            row = Row.objects.using(database).get(pk=task_id)
         except Row.DoesNotExist:
             raise TaskResultDoesNotExist(f"no task result with id {result_id!r}") from None
         return framework.result_from_row(row)
@@ -186,10 +186,16 @@ def _normalized(task: Task, args: Any, kwargs: Any) -> tuple[list[Any], dict[str
         ) from exc
 
 
-def _parse_id(result_id: Any) -> int:
-    text = str(result_id)
+def _parse_id(result_id: Any) -> tuple[str, int]:
+    """(alias, task id) of a result id: ``123`` (on DATABASE) or ``queue2:123``."""
+    database, _, text = str(result_id).rpartition(":")
+    if database and database not in queue_databases():
+        raise TaskResultDoesNotExist(
+            f"no task result with id {result_id!r}: {database!r} is not a database of "
+            "PGQUEUE['DATABASES']"
+        )
     if not text.isascii() or not text.isdigit() or int(text) > _MAX_ID:
         raise TaskResultDoesNotExist(
             f"no task result with id {result_id!r}: ids are the queue's positive integers"
         )
-    return int(text)
+    return database or get_settings().DATABASE, int(text)

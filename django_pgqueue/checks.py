@@ -11,7 +11,9 @@ from django.core.checks import Error, Tags, Warning, register
 from django.db import connections
 
 from django_pgqueue.conf import SETTINGS, configured, get_settings, unknown_keys
+from django_pgqueue.exceptions import InvalidTaskError
 from django_pgqueue.limits import parse_limits
+from django_pgqueue.registry import validate_queue
 
 # The id of each kind of problem found from the table.
 PROBLEM_IDS = {
@@ -57,9 +59,15 @@ def check_settings(app_configs, **kwargs):
             messages.append(Error(str(exc), hint="See docs/limits.md.", id="django_pgqueue.E020"))
     conf = get_settings()
     if "DATABASE" not in invalid:
-        messages.extend(_check_database("DATABASE", conf.DATABASE))
+        messages.extend(_check_database("PGQUEUE['DATABASE']", conf.DATABASE, "task database"))
     if conf.READ_DATABASE is not None and "READ_DATABASE" not in invalid:
-        messages.extend(_check_database("READ_DATABASE", conf.READ_DATABASE))
+        messages.extend(
+            _check_database(
+                "PGQUEUE['READ_DATABASE']", conf.READ_DATABASE, "read database (READ_DATABASE)"
+            )
+        )
+    if "DATABASES" not in invalid:
+        messages.extend(_check_databases(conf))
     if (
         not invalid & {"HEARTBEAT_SECONDS", "LEASE_SECONDS"}
         and conf.HEARTBEAT_SECONDS * 2 > conf.LEASE_SECONDS
@@ -75,19 +83,51 @@ def check_settings(app_configs, **kwargs):
     return messages
 
 
-def _check_database(key: str, alias: str) -> list[Error]:
-    """PGQUEUE[key] names an alias of DATABASES, and it is PostgreSQL (DATABASE, and
-    READ_DATABASE: the replica the overview reads, which holds the same table)."""
+def _check_databases(conf) -> list[Error]:
+    """PGQUEUE['DATABASES'] maps valid queue names to PostgreSQL aliases, none of them
+    the replica the reads go to (a replica takes no enqueue and no claim)."""
+    messages: list[Error] = []
+    for queue, alias in conf.DATABASES.items():
+        where = f"PGQUEUE['DATABASES'][{queue!r}]"
+        try:
+            validate_queue(queue)
+        except InvalidTaskError as exc:
+            messages.append(Error(f"PGQUEUE['DATABASES']: {exc}", id="django_pgqueue.E021"))
+            continue
+        if not isinstance(alias, str):
+            messages.append(
+                Error(
+                    f"{where} must be a database alias (a string), not {alias!r}",
+                    id="django_pgqueue.E021",
+                )
+            )
+            continue
+        if alias == conf.READ_DATABASE:
+            messages.append(
+                Error(
+                    f"{where} is {alias!r}, which is READ_DATABASE: a replica cannot hold "
+                    "a queue (enqueues and claims write)",
+                    id="django_pgqueue.E021",
+                )
+            )
+            continue
+        messages.extend(_check_database(where, alias, f"database of queue {queue!r}"))
+    return messages
+
+
+def _check_database(where: str, alias: str, what: str) -> list[Error]:
+    """The setting ``where`` names an alias of DATABASES, and it is PostgreSQL
+    (DATABASE, an alias of PGQUEUE['DATABASES'], and READ_DATABASE: the replica the
+    overview reads, which holds the same table)."""
     if alias not in connections.databases:
         return [
             Error(
-                f"PGQUEUE[{key!r}] is {alias!r}, which is not in DATABASES",
+                f"{where} is {alias!r}, which is not in DATABASES",
                 hint=f"Known aliases: {', '.join(sorted(connections.databases))}.",
                 id="django_pgqueue.E001",
             )
         ]
     if "postgresql" not in connections.databases[alias]["ENGINE"]:
-        what = "task database" if key == "DATABASE" else "read database (READ_DATABASE)"
         return [
             Error(
                 f"the {what} {alias!r} is not PostgreSQL; django_pgqueue needs "

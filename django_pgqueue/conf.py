@@ -131,6 +131,12 @@ SETTINGS: tuple[Setting, ...] = (
         nullable=True,
     ),
     Setting(
+        "DATABASES", {}, dict,
+        "Queues kept on another database than DATABASE: {queue: alias}. A queue not "
+        "listed is on DATABASE. Each alias holds its own task table (migrate it with "
+        "manage.py migrate --database ALIAS); see docs/databases.md.",
+    ),
+    Setting(
         "TASK_MODULES", [], list,
         "Extra modules imported at startup so that their @task functions are registered "
         "(each installed app's tasks module is imported anyway).",
@@ -411,11 +417,55 @@ def get_setting(name: str) -> Any:
     return configured().get(name, DEFAULTS[name])
 
 
-def read_database() -> str:
+def read_database(alias: str | None = None) -> str:
     """The alias of the reads an operator looks at (the overview, pgqueue_status, the
-    queue gauges, the admin's lists and pages): ``READ_DATABASE``, or ``DATABASE`` when
-    it is None. Never for a claim, a write, or a read that must see a write just made."""
-    return get_setting("READ_DATABASE") or get_setting("DATABASE")
+    queue gauges, the admin's lists and pages) for the queues on ``alias`` (default:
+    DATABASE): ``READ_DATABASE`` for DATABASE when it is set, else the alias itself.
+    Never for a claim, a write, or a read that must see a write just made."""
+    primary = get_setting("DATABASE")
+    if alias is None or alias == primary:
+        return get_setting("READ_DATABASE") or primary
+    return alias
+
+
+def database_of(read_alias: str) -> str:
+    """The alias whose rows ``read_alias`` reads: DATABASE for READ_DATABASE."""
+    if read_alias == get_setting("READ_DATABASE"):
+        return get_setting("DATABASE")
+    return read_alias
+
+
+def database_for(queue: str) -> str:
+    """The alias that holds ``queue``'s tasks: its entry in DATABASES, else DATABASE.
+    On every enqueue, so it reads the two keys without building the settings."""
+    project = configured()
+    mapped = project.get("DATABASES")
+    if mapped:
+        alias = mapped.get(queue)
+        if alias:
+            return alias
+    return project.get("DATABASE", "default")
+
+
+def queue_databases() -> list[str]:
+    """Every alias that holds a task table: DATABASE first, then each alias of
+    DATABASES in the order of first mention."""
+    project = configured()
+    aliases = [project.get("DATABASE", "default")]
+    for alias in (project.get("DATABASES") or {}).values():
+        if alias not in aliases:
+            aliases.append(alias)
+    return aliases
+
+
+def queues_by_database(queues: list[str]) -> dict[str, list[str]]:
+    """``queues`` grouped by the alias that holds them (DATABASE's group first)."""
+    groups: dict[str, list[str]] = {}
+    for queue in queues:
+        groups.setdefault(database_for(queue), []).append(queue)
+    order = queue_databases()
+    return dict(sorted(groups.items(), key=lambda item: order.index(item[0])
+                       if item[0] in order else len(order)))  # fmt: skip
 
 
 def get_settings() -> PgQueueSettings:

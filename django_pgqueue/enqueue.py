@@ -14,8 +14,8 @@ from django.conf import settings
 from django.db import connections, transaction
 from django.utils import timezone
 
-from django_pgqueue.conf import get_setting
-from django_pgqueue.exceptions import InvalidTaskError
+from django_pgqueue.conf import database_for
+from django_pgqueue.exceptions import InvalidTaskError, TransactionDatabaseError
 from django_pgqueue.payload import check_json, check_text, dumps
 from django_pgqueue.registry import Call
 from django_pgqueue.sql import QUERIES
@@ -28,8 +28,25 @@ if TYPE_CHECKING:
 UNIQUE_KEY_MAX_LENGTH = 255  # the unique_key column
 
 
-def database_alias() -> str:
-    return get_setting("DATABASE")
+def check_transaction(definition: TaskDefinition, queue: str, alias: str, how: str) -> None:
+    """Refuse a write to ``alias`` while the caller's transaction is on another alias
+    and none is open on ``alias``: the task would commit at once, on its own, and run
+    even if that transaction rolled back (or run before its data is committed)."""
+    if connections[alias].in_atomic_block:
+        return
+    for connection in connections.all(initialized_only=True):
+        if connection.alias != alias and connection.in_atomic_block:
+            other = connection.alias
+            raise TransactionDatabaseError(
+                f"task {definition.name!r} goes to queue {queue!r} on database {alias!r}, "
+                f"but {how} runs inside a transaction on {other!r}: the task would commit "
+                f"now, on its own, whether or not that transaction commits. Keep the "
+                f"queue on {other!r} (PGQUEUE['DATABASES']), or enqueue when it commits: "
+                f"{definition.name}.using(commit_alias={other!r}).enqueue_on_commit(...), "
+                f"or open a transaction on {alias!r} around the enqueue "
+                f"(transaction.atomic(using={alias!r})) if two separate commits are what "
+                "you want; nothing was enqueued"
+            )
 
 
 _NO_DELAY = timedelta(0)
@@ -187,7 +204,10 @@ def _insert_after(alias: str, row: dict[str, Any]) -> tuple[int, datetime]:
 
 def insert(definition: TaskDefinition, args: Any, kwargs: dict[str, Any]) -> tuple[int, datetime]:
     """Like ``enqueue``, also returning the row's enqueued_at (the database's clock)."""
-    return _insert(database_alias(), build_row(definition, args, kwargs))
+    row = build_row(definition, args, kwargs)
+    alias = database_for(row["queue"])
+    check_transaction(definition, row["queue"], alias, "enqueue()")
+    return _insert(alias, row)
 
 
 def enqueue(definition: TaskDefinition, args: Any, kwargs: dict[str, Any]) -> int:
@@ -203,11 +223,12 @@ def enqueue_on_commit(definition: TaskDefinition, args: Any, kwargs: dict[str, A
     commit time, the reservation is simply not used.
     """
     row = build_row(definition, args, kwargs)
-    alias = database_alias()
+    alias = database_for(row["queue"])
+    commit_alias = definition.options.commit_alias or alias
+    check_transaction(definition, row["queue"], commit_alias, "enqueue_on_commit()")
     with connections[alias].cursor() as cursor:
         cursor.execute(QUERIES["reserve_id"])
         row["id"] = cursor.fetchone()[0]
-    commit_alias = definition.options.commit_alias or alias
     transaction.on_commit(lambda: _insert(alias, row), using=commit_alias)
     return row["id"]
 
@@ -247,7 +268,8 @@ def enqueue_many(definition: TaskDefinition, calls: Iterable[Any]) -> list[int]:
             raise InvalidTaskError(f"item {index}: {exc}") from exc
     if not args_list:
         return []
-    alias = database_alias()
+    alias = database_for(shared["queue"])
+    check_transaction(definition, shared["queue"], alias, "enqueue_many()")
     if shared["after"]:
         # Each row waits on its own edges: one statement per call.
         return [

@@ -32,6 +32,12 @@ class InvalidTaskError(PgQueueError, ValueError):
     """Enqueue was refused: bad arguments or options. Nothing was written."""
 
 
+class TransactionDatabaseError(InvalidTaskError):
+    """Enqueue was refused: the caller is inside a transaction on another database than
+    the task's queue, so the task would not be part of it (docs/databases.md). Nothing
+    was written."""
+
+
 class TaskNotRegistered(PgQueueError, LookupError):
     """A task name is not in the registry of decorated functions."""
 

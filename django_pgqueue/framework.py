@@ -45,7 +45,7 @@ from django_pgqueue.compat import (
     task_finished,
     task_started,
 )
-from django_pgqueue.conf import get_settings
+from django_pgqueue.conf import database_of, get_settings
 from django_pgqueue.context import TaskContext as QueueContext
 from django_pgqueue.exceptions import PgQueueError, TaskNotRegistered
 from django_pgqueue.payload import short_repr
@@ -243,6 +243,14 @@ def _returned(value: Any) -> Any:
 
 
 # -- rows as TaskResults --------------------------------------------------------------
+def result_id(task_id: int, database: str | None) -> str:
+    """A TaskResult's id: the task's id, prefixed ``alias:`` for a task on another
+    database than DATABASE (task ids are per database: PGQUEUE['DATABASES'])."""
+    if database is None or database_of(database) == get_settings().DATABASE:
+        return str(task_id)
+    return f"{database}:{task_id}"
+
+
 def result_from_row(row: Any, task: Task | None = None) -> TaskResult:
     """The framework's view of a task row.
 
@@ -262,7 +270,7 @@ def result_from_row(row: Any, task: Task | None = None) -> TaskResult:
     )
     result = TaskResult(
         task=result_task,
-        id=str(row.id),
+        id=result_id(row.id, row._state.db),
         status=STATUS[row.state],
         enqueued_at=row.enqueued_at,
         started_at=row.started_at,
@@ -416,7 +424,8 @@ class FinishedAnnouncer:
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
 
-    def put(self, task_id: int) -> None:
+    def put(self, task_id: int, database: str | None = None) -> None:
+        """Announce the task ``task_id`` of ``database`` (default: DATABASE)."""
         with self._lock:
             if self._thread is None:
                 self._thread = threading.Thread(
@@ -424,7 +433,7 @@ class FinishedAnnouncer:
                 )
                 self._thread.start()
                 atexit.register(self.stop, 5.0)
-        self._queue.put(task_id)
+        self._queue.put((database or get_settings().DATABASE, task_id))
 
     def stop(self, timeout: float) -> None:
         if self._thread is not None:
@@ -439,18 +448,21 @@ class FinishedAnnouncer:
                     batch.append(self._queue.get_nowait())
                 except queue.Empty:
                     break
-            ids = [task_id for task_id in batch if task_id is not None]
-            if ids:
-                self._announce(ids)
+            by_database: dict[str, list[int]] = {}
+            for item in batch:
+                if item is not None:
+                    by_database.setdefault(item[0], []).append(item[1])
+            for database, ids in by_database.items():
+                self._announce(ids, database)
             if None in batch:
                 return
 
-    def _announce(self, ids: list[int]) -> None:
+    def _announce(self, ids: list[int], database: str) -> None:
         from django_pgqueue.models import Task as Row
 
         close_old_connections()
         try:
-            rows = list(Row.objects.using(get_settings().DATABASE).filter(pk__in=ids))
+            rows = list(Row.objects.using(database).filter(pk__in=ids))
             for row in rows:
                 try:
                     result = result_from_row(row)
@@ -492,7 +504,7 @@ def _on_settled(
     sender: TaskDefinition, *, task_id: int, state: str | None, written: bool, **kwargs: Any
 ) -> None:
     if written and state in TERMINAL and framework_task_of(sender) is not None:
-        announcer.put(task_id)
+        announcer.put(task_id, kwargs.get("database"))
 
 
 task_settled.connect(_on_settled, dispatch_uid="django_pgqueue.framework.task_finished")

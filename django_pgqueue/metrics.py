@@ -27,7 +27,8 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 from prometheus_client import (
@@ -310,11 +311,34 @@ class QueueCollector(Collector):
     def _query(
         self,
     ) -> tuple[list[dict[str, Any]], list[dict[str, Any]], dict[str, Any], ReplicaLag | None]:
+        """The reads of every alias with a task table (PGQUEUE['DATABASES']), each on
+        its read database, concatenated: queue names are per deployment, so the gauges
+        keep their labels. A queue's pause comes from its own database."""
+        from django_pgqueue.conf import database_for, queue_databases
+        from django_pgqueue.operations import replica_lag
+
+        overview: list[dict[str, Any]] = []
+        capacity: list[dict[str, Any]] = []
+        queue_pauses: dict[str, Any] = {}
+        lag = None
+        for index, alias in enumerate(queue_databases()):
+            with self._bounded(read_database(alias)) as using:
+                if index == 0:
+                    lag = replica_lag()
+                read_overview, read_capacity, read_pauses = _read_queues(using)
+            overview += read_overview
+            capacity += read_capacity
+            for queue, pause in read_pauses.items():
+                if queue not in queue_pauses or database_for(queue) == alias:
+                    queue_pauses[queue] = pause
+        return overview, capacity, queue_pauses, lag
+
+    @contextmanager
+    def _bounded(self, alias: str) -> Iterator[str]:
+        """A transaction on ``alias`` whose statements time out after
+        ``statement_timeout`` seconds."""
         from django.db import connections, transaction
 
-        from django_pgqueue.operations import pauses, queue_capacity, queue_overview, replica_lag
-
-        alias = read_database()
         connection = connections[alias]
         nested = connection.in_atomic_block
         try:
@@ -326,10 +350,7 @@ class QueueCollector(Collector):
                     "SELECT set_config('statement_timeout', %s, true)",
                     [f"{int(self.statement_timeout * 1000)}ms"],
                 )
-                lag = replica_lag()
-                overview = queue_overview()
-                capacity = queue_capacity()
-                queue_pauses = pauses()
+                yield alias
                 if nested:  # inside the caller's transaction: give its timeout back
                     cursor.execute("SELECT set_config('statement_timeout', %s, true)", [previous])
         finally:
@@ -337,7 +358,14 @@ class QueueCollector(Collector):
                 # Scrapes of a worker's /metrics come on short-lived threads, each with
                 # its own Django connection: do not leave one open per scrape.
                 connection.close()
-        return overview, capacity, queue_pauses, lag
+
+
+def _read_queues(
+    using: str,
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]], dict[str, Any]]:
+    from django_pgqueue.operations import pauses, queue_capacity, queue_overview
+
+    return queue_overview(using=using), queue_capacity(using=using), pauses(using=using)
 
 
 def replica_lag_families(lag: ReplicaLag | None) -> list[Metric]:

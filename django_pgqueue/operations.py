@@ -1,7 +1,10 @@
 """Operations on tasks outside the worker: read, cancel, retry and requeue, delete,
 retention on demand, and the queue overview.
 
-Every write goes to ``DATABASE``. The overview's reads (``queue_overview``,
+Every write goes to the task's database: ``DATABASE``, or the alias passed as
+``database=`` (task ids are per database: the same id can name a task on each), or,
+for what is about a queue (pause, resume), the queue's own alias (PGQUEUE['DATABASES'],
+docs/databases.md). The overview's reads (``queue_overview``,
 ``queue_capacity``, ``queue_history``, ``pauses``, ``replica_lag``) go to the read
 database, ``READ_DATABASE`` when it is set (a replica), unless told ``using=``: a
 caller that must see what it just wrote reads ``using=DATABASE``.
@@ -17,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from django.db import connections
 
-from django_pgqueue.conf import get_settings, read_database
+from django_pgqueue.conf import database_for, get_settings, read_database
 from django_pgqueue.exceptions import InvalidTaskError, TaskDoesNotExist
 from django_pgqueue.payload import check_json, dumps
 from django_pgqueue.registry import validate_queue, validate_task_name
@@ -27,17 +30,22 @@ if TYPE_CHECKING:
     from django_pgqueue.models import Task
 
 
-def get_task(task_id: int) -> Task:
-    """The task row with this id, or TaskDoesNotExist."""
+def _alias(database: str | None) -> str:
+    """Where a write goes: ``database``, or DATABASE."""
+    return database or get_settings().DATABASE
+
+
+def get_task(task_id: int, database: str | None = None) -> Task:
+    """The task row with this id (on ``database``, default DATABASE), or TaskDoesNotExist."""
     from django_pgqueue.models import Task
 
     try:
-        return Task.objects.using(get_settings().DATABASE).get(pk=task_id)
+        return Task.objects.using(_alias(database)).get(pk=task_id)
     except (Task.DoesNotExist, ValueError, TypeError):
         raise TaskDoesNotExist(f"no task with id {task_id!r}") from None
 
 
-def cancel(task_id: int, hard: bool = False) -> str | None:
+def cancel(task_id: int, hard: bool = False, database: str | None = None) -> str | None:
     """Cancel a task. Returns ``"cancelled"`` (it was pending or waiting: done at once),
     ``"cancel_requested"`` (it is running: its handler sees ``context.cancel_requested``
     and its settlement records cancelled), or None (no such task, or already finished).
@@ -46,8 +54,9 @@ def cancel(task_id: int, hard: bool = False) -> str | None:
     kills the handler's process when its heartbeat sees the request (within about
     ``HEARTBEAT_SECONDS``) and records the task cancelled, with an error saying it was
     killed. A thread cannot be killed: in thread mode a hard cancel acts as a soft one.
+    ``database``: the alias of the task's queue, when it is not DATABASE.
     """
-    with connections[get_settings().DATABASE].cursor() as cursor:
+    with connections[_alias(database)].cursor() as cursor:
         cursor.execute(QUERIES["cancel_task"], {"id": task_id, "hard": hard})
         row = cursor.fetchone()
     if row is None:
@@ -55,18 +64,18 @@ def cancel(task_id: int, hard: bool = False) -> str | None:
     return "cancel_requested" if row[1] == "running" else "cancelled"
 
 
-def signal(task_id: int, name: str, payload: Any = None) -> str | None:
+def signal(task_id: int, name: str, payload: Any = None, database: str | None = None) -> str | None:
     """Send the signal ``name`` (with a JSON ``payload``) to a task (docs/workflows.md).
 
     Returns ``"resumed"`` (the task was waiting for this signal: it is pending now, and
     its next attempt finds the payload in ``context.signals[name]`` and
     ``context.wake``), ``"stored"`` (it is not waiting for it yet: the signal is kept,
     and a later ``Suspend(name)`` resumes at once), or None (no such task, or it has
-    finished)."""
+    finished). ``database``: the alias of the task's queue, when it is not DATABASE."""
     if not isinstance(name, str) or not 1 <= len(name) <= 255:
         raise InvalidTaskError(f"a signal name is a string of 1-255 characters, not {name!r}")
     body = dumps(check_json(payload, "signal payload"))
-    with connections[get_settings().DATABASE].cursor() as cursor:
+    with connections[_alias(database)].cursor() as cursor:
         cursor.execute(QUERIES["signal_task"], {"id": task_id, "name": name, "payload": body})
         row = cursor.fetchone()
     if row is None:
@@ -77,11 +86,12 @@ def signal(task_id: int, name: str, payload: Any = None) -> str | None:
 def pause(queue: str, task_name: str | None = None) -> None:
     """Pause a queue, or one task name within it: no worker claims from it (running
     tasks finish) until ``resume``. Persisted in the database, honoured by the next
-    claim of every worker. Pausing a queue nobody serves yet is allowed."""
+    claim of every worker. Pausing a queue nobody serves yet is allowed. Written on
+    the queue's database."""
     validate_queue(queue)
     if task_name is not None:
         validate_task_name(task_name)
-    with connections[get_settings().DATABASE].cursor() as cursor:
+    with connections[database_for(queue)].cursor() as cursor:
         cursor.execute(QUERIES["pause_queue"], {"queue": queue, "task_name": task_name})
 
 
@@ -92,7 +102,7 @@ def resume(queue: str, task_name: str | None = None) -> bool:
     validate_queue(queue)
     if task_name is not None:
         validate_task_name(task_name)
-    with connections[get_settings().DATABASE].cursor() as cursor:
+    with connections[database_for(queue)].cursor() as cursor:
         cursor.execute(QUERIES["resume_queue"], {"queue": queue, "task_name": task_name})
         return cursor.fetchone() is not None
 
@@ -120,9 +130,10 @@ def queue_overview(using: str | None = None) -> list[dict[str, Any]]:
     return _dicts("queue_overview", {"stale_seconds": get_settings().WORKER_STALE_AFTER}, using)
 
 
-def _fetchall(query: str, params: dict[str, Any]) -> list[tuple]:
-    """A statement on DATABASE: every write, and the reads of what a write will change."""
-    with connections[get_settings().DATABASE].cursor() as cursor:
+def _fetchall(query: str, params: dict[str, Any], database: str | None = None) -> list[tuple]:
+    """A statement on ``database`` (default DATABASE): every write, and the reads of
+    what a write will change."""
+    with connections[_alias(database)].cursor() as cursor:
         cursor.execute(QUERIES[query], params)
         return cursor.fetchall()
 
@@ -172,10 +183,10 @@ def replica_lag() -> ReplicaLag | None:
     return ReplicaLag(alias, row["in_recovery"], row["lag_seconds"])
 
 
-def retry_now(task_ids: Iterable[int]) -> list[int]:
+def retry_now(task_ids: Iterable[int], database: str | None = None) -> list[int]:
     """Make these tasks due now: pending ones at once, dead letters with one more
     attempt. Running and finished tasks are left alone. Returns the ids retried."""
-    rows = _fetchall("retry_now", {"ids": [int(i) for i in task_ids]})
+    rows = _fetchall("retry_now", {"ids": [int(i) for i in task_ids]}, database)
     return sorted(row[0] for row in rows)
 
 
@@ -186,12 +197,14 @@ def requeue_dead(
     queue: str | None = None,
     since: datetime | None = None,
     dry_run: bool = False,
+    database: str | None = None,
 ) -> list[int]:
     """Put dead letters (failed tasks) back to pending with a fresh attempt budget.
 
     Filters combine (None matches all); ``since`` keeps tasks that died at or after it.
     A dead letter whose unique_key is live again is skipped. With ``dry_run``, nothing
-    changes and the ids that would be requeued are returned.
+    changes and the ids that would be requeued are returned. On ``database``, else
+    on ``queue``'s database, else on DATABASE.
     """
     params = {
         "ids": None if task_ids is None else [int(i) for i in task_ids],
@@ -199,19 +212,21 @@ def requeue_dead(
         "queue": queue,
         "since": since,
     }
-    rows = _fetchall("find_dead" if dry_run else "requeue_dead", params)
+    if database is None and queue is not None:
+        database = database_for(queue)
+    rows = _fetchall("find_dead" if dry_run else "requeue_dead", params, database)
     return [row[0] for row in rows]
 
 
-def delete_finished(task_ids: Iterable[int]) -> list[int]:
+def delete_finished(task_ids: Iterable[int], database: str | None = None) -> list[int]:
     """Delete these tasks if they are finished (succeeded, failed or cancelled).
     Pending, running and waiting tasks are never deleted. Returns the ids deleted."""
-    rows = _fetchall("delete_finished", {"ids": [int(i) for i in task_ids]})
+    rows = _fetchall("delete_finished", {"ids": [int(i) for i in task_ids]}, database)
     return sorted(row[0] for row in rows)
 
 
 def prunable_counts(
-    result_ttl: float | None = None, dead_ttl: float | None = None
+    result_ttl: float | None = None, dead_ttl: float | None = None, database: str | None = None
 ) -> dict[str, int]:
     """How many rows retention would delete now, per state (defaults: the settings)."""
     conf = get_settings()
@@ -219,11 +234,14 @@ def prunable_counts(
         "result_ttl": conf.RESULT_TTL if result_ttl is None else result_ttl,
         "dead_ttl": conf.DEAD_TTL if dead_ttl is None else dead_ttl,
     }
-    return dict(_fetchall("count_prunable", params))
+    return dict(_fetchall("count_prunable", params, database))
 
 
 def prune_expired(
-    result_ttl: float | None = None, dead_ttl: float | None = None, batch: int | None = None
+    result_ttl: float | None = None,
+    dead_ttl: float | None = None,
+    batch: int | None = None,
+    database: str | None = None,
 ) -> int:
     """Run retention now, batch by batch (what the worker's pruner does on its
     interval). Returns how many rows were deleted."""
@@ -231,14 +249,15 @@ def prune_expired(
 
     conf = get_settings()
     return prune(
-        _fetchall,
+        lambda query, params: _fetchall(query, params, database),
         conf.RESULT_TTL if result_ttl is None else result_ttl,
         conf.DEAD_TTL if dead_ttl is None else dead_ttl,
         conf.PRUNE_BATCH if batch is None else batch,
     )
 
 
-def delete_stale_workers() -> list[str]:
+def delete_stale_workers(database: str | None = None) -> list[str]:
     """Remove registry rows of workers that stopped heartbeating (WORKER_STALE_AFTER)."""
-    rows = _fetchall("delete_stale_workers", {"stale_seconds": get_settings().WORKER_STALE_AFTER})
+    stale = {"stale_seconds": get_settings().WORKER_STALE_AFTER}
+    rows = _fetchall("delete_stale_workers", stale, database)
     return [row[0] for row in rows]

@@ -21,7 +21,7 @@ from django.db.models.functions import Coalesce, Now
 from django.utils import timezone
 
 from django_pgqueue import operations
-from django_pgqueue.conf import get_settings, read_database
+from django_pgqueue.conf import get_settings, queue_databases, read_database
 from django_pgqueue.limits import QueueLimit, queue_limits
 from django_pgqueue.models import Worker
 
@@ -99,6 +99,8 @@ class QueueGroup:
     paused_at: datetime | None = None
     limit: QueueLimit | None = None
     held_by: list[str] = field(default_factory=list)
+    # The alias whose task table the numbers come from (PGQUEUE['DATABASES']).
+    database: str | None = None
 
     @property
     def waiting(self) -> dict[str, int]:
@@ -151,11 +153,10 @@ def group_by_queue(
         groups.setdefault(row["queue"], QueueGroup(row["queue"])).rows.append(row)
     for row in capacity:
         group = groups.setdefault(row["queue"], QueueGroup(row["queue"]))
-        group.workers, group.slots, group.in_flight = (
-            row["workers"],
-            row["slots"],
-            row["in_flight"],
-        )
+        # Summed: the capacity of several databases' workers can be merged (metrics).
+        group.workers += row["workers"]
+        group.slots += row["slots"]
+        group.in_flight += row["in_flight"]
     for queue, pause in pauses.items():
         if pause["paused"] or pause["paused_tasks"] or queue in groups:
             group = groups.setdefault(queue, QueueGroup(queue))
@@ -252,30 +253,73 @@ def build_chart(history: list[dict[str, Any]], width: int = 760, height: int = 2
     )
 
 
+def database_groups(alias: str, limits: dict[str, QueueLimit] | None = None) -> list[QueueGroup]:
+    """The groups of the queues whose tasks are on ``alias`` (read from its read
+    database), each group and row tagged with ``database``."""
+    using = read_database(alias)
+    groups = group_by_queue(
+        operations.queue_overview(using=using),
+        operations.queue_capacity(using=using),
+        operations.pauses(using=using),
+        queue_limits() if limits is None else limits,
+    )
+    for group in groups:
+        group.database = alias
+        for row in group.rows:
+            row["database"] = alias
+    return groups
+
+
+def all_groups() -> list[QueueGroup]:
+    """``database_groups`` of every alias with a task table (queue_databases())."""
+    limits = queue_limits()
+    return [group for alias in queue_databases() for group in database_groups(alias, limits)]
+
+
+def merged_history(minutes: int) -> list[dict[str, Any]]:
+    """``queue_history`` of every alias, summed minute by minute."""
+    aliases = queue_databases()
+    history = operations.queue_history(minutes, using=read_database(aliases[0]))
+    for alias in aliases[1:]:
+        by_minute = {m["minute"]: m for m in history}
+        for minute in operations.queue_history(minutes, using=read_database(alias)):
+            into = by_minute.get(minute["minute"])
+            if into is None:
+                continue  # the other server's clock is a minute apart: its edge minute
+            for key, value in minute.items():
+                if key != "minute" and isinstance(value, int | float):
+                    into[key] += value
+    return history
+
+
 def build_overview(minutes: int = 60) -> dict[str, Any]:
-    """Everything the overview page shows, with how long the reads took."""
+    """Everything the overview page shows, with how long the reads took: the queues of
+    every database (PGQUEUE['DATABASES']), each group naming its ``database``."""
     started = time.perf_counter()
     replica_lag = operations.replica_lag()
-    overview = operations.queue_overview()
-    capacity = operations.queue_capacity()
-    pauses = operations.pauses()
-    history = operations.queue_history(minutes)
+    queues = all_groups()
+    history = merged_history(minutes)
     elapsed_ms = (time.perf_counter() - started) * 1000
-    queues = group_by_queue(overview, capacity, pauses, queue_limits())
-    totals = _totals(overview)
+    totals = _totals([row for queue in queues for row in queue.rows])
     totals["throttled"] = sum(queue.totals["throttled"] for queue in queues)
     # A worker serving several queues is in several groups: count each one once.
-    totals.update(
-        Worker.objects.using(read_database())
-        .filter(last_heartbeat_at__gt=Now() - timedelta(seconds=get_settings().WORKER_STALE_AFTER))
-        .aggregate(
-            workers=Count("pk"),
-            slots=Coalesce(Sum("concurrency"), 0),
-            in_flight=Coalesce(Sum("in_flight"), 0),
+    stale = Now() - timedelta(seconds=get_settings().WORKER_STALE_AFTER)
+    totals.update(workers=0, slots=0, in_flight=0)
+    for alias in queue_databases():
+        live = (
+            Worker.objects.using(read_database(alias))
+            .filter(last_heartbeat_at__gt=stale)
+            .aggregate(
+                workers=Count("pk"),
+                slots=Coalesce(Sum("concurrency"), 0),
+                in_flight=Coalesce(Sum("in_flight"), 0),
+            )
         )
-    )
+        for key, value in live.items():
+            totals[key] += value
     return {
         "queues": queues,
+        "databases": queue_databases(),
         "totals": totals,
         "chart": build_chart(history),
         "history_minutes": minutes,

@@ -341,16 +341,24 @@ def schedules(using: str | None = None) -> list[dict[str, Any]]:
     saw it), ``last_tick``, ``last_enqueued_at``, ``last_task_id``, ``last_worker_id``
     and ``next_tick`` (the first tick after now, by the declaration in this process;
     None when not declared). A declared schedule no worker has seen yet has no times.
-    The rows are read from the read database (``READ_DATABASE`` when set) unless
-    ``using`` names another alias.
+    The rows are read from the read database of each alias with a task table (a
+    schedule's row is on its queue's database; ``READ_DATABASE`` for DATABASE) unless
+    ``using`` names one alias. Each entry names its ``database``.
     """
     from django.utils import timezone
 
-    from django_pgqueue.conf import read_database
+    from django_pgqueue.conf import database_for, queue_databases, read_database
     from django_pgqueue.models import Schedule
 
-    rows = {row.name: row for row in Schedule.objects.using(using or read_database())}
     declared = {s.name: s for s in schedule_registry.all()}
+    aliases = [using] if using else queue_databases()
+    rows, found_on = {}, {}
+    for alias in aliases:
+        for row in Schedule.objects.using(read_database(alias) if not using else alias):
+            schedule = declared.get(row.name)
+            own = schedule is not None and database_for(schedule.queue) == alias
+            if row.name not in rows or own:  # a declared schedule's row: its queue's
+                rows[row.name], found_on[row.name] = row, alias
     now = timezone.now()
     listing = []
     for name in sorted(set(rows) | set(declared)):
@@ -363,6 +371,8 @@ def schedules(using: str | None = None) -> list[dict[str, Any]]:
                 "timezone": schedule.timezone if schedule else row.timezone,
                 "missed": schedule.missed if schedule else None,
                 "queue": schedule.queue if schedule else None,
+                "database": found_on.get(name)
+                or (database_for(schedule.queue) if schedule else None),
                 "declared": schedule is not None,
                 "first_seen": row.created_at if row else None,
                 "last_tick": row.last_tick if row else None,

@@ -4,7 +4,8 @@
 then): ``sender`` is the TaskDefinition, with keyword arguments ``task_id``,
 ``attempt``, ``outcome`` (success, failure, timeout, cancelled, continued, snoozed,
 released), ``state`` (the row's new state), ``written`` (False when the fence
-matched nothing: the outcome was lost), ``queue``, ``runtime`` (seconds the attempt
+matched nothing: the outcome was lost), ``queue``, ``database`` (the alias of the
+task's table: task ids are per database), ``runtime`` (seconds the attempt
 ran: the handler's own time for a success, else from the claim to the outcome) and
 ``queue_wait`` (seconds the task was due before it was claimed, by the database's
 clock; metrics.py builds its histograms from these). Receivers run on the settler

@@ -22,6 +22,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from django_pgqueue.conf import database_for
 from django_pgqueue.exceptions import InvalidTaskError
 
 if TYPE_CHECKING:
@@ -46,13 +47,24 @@ class Step:
         return definition.enqueue(*self.args, **self.kwargs)
 
 
-def _steps(steps: Iterable[Step], what: str) -> list[Step]:
+def _steps(steps: Iterable[Step], what: str, extra: Iterable[Step] = ()) -> list[Step]:
+    """The steps, checked: each a Step, and all of them (with ``extra``) on one
+    database, since a task waits only for tasks of its own table."""
     steps = list(steps)
     for step in steps:
         if not isinstance(step, Step):
-            raise InvalidTaskError(
-                f"{what} takes steps (task.step(*args, **kwargs)), not {step!r}"
-            )
+            raise InvalidTaskError(f"{what} takes steps (task.step(*args, **kwargs)), not {step!r}")
+    by_alias: dict[str, str] = {}
+    for step in [*steps, *extra]:
+        queue = step.task.options.queue or step.task.queue
+        by_alias.setdefault(database_for(queue), queue)
+    if len(by_alias) > 1:
+        named = ", ".join(f"queue {q!r} on {a!r}" for a, q in by_alias.items())
+        raise InvalidTaskError(
+            f"a {what} must be on one database, and its steps are not ({named}): a task "
+            "waits only for tasks of its own database (PGQUEUE['DATABASES']); nothing was "
+            "enqueued"
+        )
     return steps
 
 
@@ -98,9 +110,9 @@ def chord(
     (the members' ids, the callback's id). If a member fails or is cancelled, the
     callback is cancelled (``after_failure="run"``: it runs anyway and reads each
     member's outcome with ``context.parent_results()``)."""
-    members = group(steps)
     if not isinstance(callback, Step):
         raise InvalidTaskError(f"chord's callback is a step, not {callback!r}")
+    members = group(_steps(steps, "chord", extra=[callback]))
     if not members:
         return [], callback.enqueue(after_failure=after_failure)
     return members, callback.enqueue(after=members, after_failure=after_failure)

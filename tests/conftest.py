@@ -33,9 +33,10 @@ def django_db_modify_db_settings(django_db_modify_db_settings_parallel_suffix: N
 
     url = embedded_database_url(REPO / ".pgdata" / "tests")
     host = url.split("?host=", 1)[1]
-    settings_dict = connections["default"].settings_dict
-    settings_dict["OPTIONS"] = {**settings_dict.get("OPTIONS", {}), "host": host}
-    settings_dict["HOST"] = ""
+    for alias in ("default", "queue2"):  # tests/settings.py: the same server
+        settings_dict = connections[alias].settings_dict
+        settings_dict["OPTIONS"] = {**settings_dict.get("OPTIONS", {}), "host": host}
+        settings_dict["HOST"] = ""
 
 
 def database_url(settings_dict: dict) -> str:

@@ -62,6 +62,12 @@ else:
         }
     }
 
+# tests/test_databases.py: a second database for the queues of PGQUEUE['DATABASES'],
+# on the same server (pytest-django creates its test database only for the tests that
+# ask for it: databases=[..., "queue2"]). Its name follows the default's, so a worker
+# subprocess given the test database's URL finds the second test database too.
+DATABASES["queue2"] = {**DATABASES["default"], "NAME": DATABASES["default"]["NAME"] + "_queue2"}
+
 PGQUEUE = {
     "QUEUES": ["default"],
     "TASK_MODULES": [
@@ -85,6 +91,10 @@ if os.environ.get("PGQUEUE_TEST_TRANSACTION_POOLER"):
 if os.environ.get("PGQUEUE_TEST_LISTEN_URL"):
     DATABASES["direct"] = environ.Env.db_url_config(os.environ["PGQUEUE_TEST_LISTEN_URL"])
     PGQUEUE["LISTEN_DATABASE"] = "direct"
+# tests/test_databases.py: queues "q2" and "q2b" on the second database.
+TEST_DATABASES = {"q2": "queue2", "q2b": "queue2"}
+if os.environ.get("PGQUEUE_TEST_DATABASES"):
+    PGQUEUE["DATABASES"] = TEST_DATABASES
 # tests/test_watchdog.py shrinks the watchdog's thresholds in the workers it starts.
 if "PGQUEUE_TEST_TIMEOUT_GRACE" in os.environ:
     PGQUEUE["TIMEOUT_GRACE"] = float(os.environ["PGQUEUE_TEST_TIMEOUT_GRACE"])

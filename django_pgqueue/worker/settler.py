@@ -62,6 +62,7 @@ class Settler:
         concurrency_limits: dict[str, int] | None = None,
     ) -> None:
         self._inflight = inflight
+        self._alias = alias
         # Queue -> concurrency limit: a settlement in a queue at its limit notifies.
         limits = sorted((concurrency_limits or {}).items())
         self._limit_params = {
@@ -246,9 +247,7 @@ class Settler:
             self._announce(outcome, state)
         if lost:
             self._record_late(lost)
-        self._inflight.remove(
-            [o.task.lease for o in batch if o.task.lease in written or o in lost]
-        )
+        self._inflight.remove([o.task.lease for o in batch if o.task.lease in written or o in lost])
         for label, count in counts.items():
             self._stats.incr(label, count)
 
@@ -298,6 +297,7 @@ class Settler:
             state=state,
             written=state is not None,
             queue=task.queue,
+            database=self._alias,
             runtime=(
                 outcome.runtime
                 if outcome.runtime is not None
@@ -330,4 +330,3 @@ def _storable(outcome: Outcome) -> Outcome:
             f"({outcomes.clean_text(str(exc), 500)}); recorded as a failure instead",
         )
     return outcome
-

@@ -78,6 +78,8 @@ class _Slot:
     """One of the supervisor's places for a child: the child in it, and its record."""
 
     index: int
+    # What its child runs: the queues of one database (PGQUEUE['DATABASES']).
+    options: WorkerOptions
     backoff: Backoff = field(default_factory=lambda: Backoff(initial=0.5, cap=30.0))
     child: subprocess.Popen[bytes] | None = None
     ready_pipe: int | None = None  # read end, open until the child is ready or gone
@@ -92,16 +94,22 @@ class _Slot:
 class Supervisor:
     def __init__(
         self,
-        options: WorkerOptions,
+        options: WorkerOptions | list[WorkerOptions],
         processes: int,
         log_level: str,
         metrics_port: int | None = None,
     ) -> None:
+        """``processes`` children for each of ``options`` (a list: one per database
+        whose queues the command serves, each with its ``database`` and queues)."""
+        groups = options if isinstance(options, list) else [options]
         self.metrics_port = metrics_port
-        self.options = options
-        self.processes = processes
+        self.options = groups[0]
+        self.processes = processes * len(groups)
         self.log_level = log_level
-        self._slots = [_Slot(index) for index in range(processes)]
+        self._slots = [
+            _Slot(index, group)
+            for index, group in enumerate(g for g in groups for _ in range(processes))
+        ]
         self._stopping = False
         self._signals = 0
 
@@ -143,7 +151,7 @@ class Supervisor:
                 "django_pgqueue.worker.supervisor.run_child",
                 {
                     "index": slot.index,
-                    "options": asdict(self.options),
+                    "options": asdict(slot.options),
                     "log_level": self.log_level,
                     # Each child serves its own /metrics: port, port + 1, ...
                     "metrics_port": self.metrics_port + slot.index if self.metrics_port else None,
@@ -158,7 +166,11 @@ class Supervisor:
             os.close(write_fd)
         slot.child, slot.ready_pipe, slot.ready_at = child, read_fd, None
         logger.info(
-            "started worker process %s (%d of %d)", child.pid, slot.index + 1, self.processes
+            "started worker process %s (%d of %d)%s",
+            child.pid,
+            slot.index + 1,
+            self.processes,
+            f" for database {slot.options.database}" if slot.options.database else "",
         )
 
     def _read_ready(self, slot: _Slot) -> None:

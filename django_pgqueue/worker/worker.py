@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import field, make_dataclass, replace
 from functools import partial
 
-from django_pgqueue.conf import SETTINGS, get_settings
+from django_pgqueue.conf import SETTINGS, database_for, get_settings
 from django_pgqueue.limits import queue_limits
 from django_pgqueue.periodic import schedule_registry
 from django_pgqueue.registry import registry
@@ -72,6 +72,8 @@ WorkerOptions = make_dataclass(
         ),
         ("burst", bool, False),
         ("prune", bool, True),
+        # The alias of the queues (PGQUEUE['DATABASES']); None: DATABASE.
+        ("database", str | None, None),
     ],
     bases=(_WorkerOptionsMethods,),
     namespace={
@@ -85,7 +87,18 @@ class Worker:
     def __init__(self, options: WorkerOptions, supervised: bool = False) -> None:
         conf = get_settings()
         self.options = options
-        self.alias = conf.DATABASE
+        # The database of this worker's queues (PGQUEUE['DATABASES']): runtaskworker
+        # starts one worker per database when its queues are on several.
+        self.alias = options.database or conf.DATABASE
+        elsewhere = [q for q in options.queues if database_for(q) != self.alias]
+        if elsewhere:
+            raise ValueError(
+                f"a worker serves the queues of one database ({self.alias!r}), and "
+                f"{', '.join(elsewhere)} are on another (PGQUEUE['DATABASES'])"
+            )
+        # LISTEN_DATABASE is the direct address of DATABASE: a worker of another
+        # database listens on its own connection (or, behind a pooler, polls).
+        self.listen_database = conf.LISTEN_DATABASE if self.alias == conf.DATABASE else None
         self.worker_id = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
         self.stats = WorkerStats()
         self.inflight = InFlight()
@@ -201,7 +214,7 @@ class Worker:
         )
         # The vacuumer's fleet-wide lock is a session lock: behind a transaction pooler
         # it takes it, and vacuums, over the direct LISTEN_DATABASE, or not at all.
-        vacuum_alias = conf.LISTEN_DATABASE if is_pooled(self.alias) else self.alias
+        vacuum_alias = self.listen_database if is_pooled(self.alias) else self.alias
         self.vacuumer = (
             Vacuumer(
                 vacuum_alias,
@@ -246,8 +259,8 @@ class Worker:
     def _listen_alias(self, conf) -> str | None:
         """Where the claimer LISTENs: "" on its own connection, an alias, or None (poll)."""
         if not is_pooled(self.alias):
-            return conf.LISTEN_DATABASE or ""
-        if conf.LISTEN_DATABASE is None:
+            return self.listen_database or ""
+        if self.listen_database is None:
             logger.warning(
                 "TRANSACTION_POOLER is set and LISTEN_DATABASE is not: LISTEN does not work "
                 "through a transaction pooler, so this worker polls every %gs instead of "
@@ -256,7 +269,7 @@ class Worker:
                 "either (its lock needs a session): autovacuum does",
                 self.options.poll_interval,
             )
-        return conf.LISTEN_DATABASE
+        return self.listen_database
 
     # -- running ----------------------------------------------------------------------
     def _execute(self, task: ClaimedTask) -> Outcome:

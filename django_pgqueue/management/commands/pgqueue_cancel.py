@@ -5,6 +5,7 @@ from __future__ import annotations
 from django.core.management.base import BaseCommand, CommandError
 
 from django_pgqueue import operations
+from django_pgqueue.management.commands._database import add_database_argument, database_option
 
 
 class Command(BaseCommand):
@@ -22,10 +23,13 @@ class Command(BaseCommand):
             help="kill running handlers (process execution mode; a soft cancel in thread mode)",
         )
 
+        add_database_argument(parser, "tasks these ids name")
+
     def handle(self, *args, **opts):
+        database = database_option(opts["database"])
         missed = []
         for task_id in opts["ids"]:
-            result = operations.cancel(task_id, hard=opts["hard"])
+            result = operations.cancel(task_id, hard=opts["hard"], database=database)
             if result == "cancelled":
                 self.stdout.write(f"task {task_id}: cancelled")
             elif result == "cancel_requested":

@@ -5,7 +5,8 @@ from __future__ import annotations
 from django.core.management.base import BaseCommand, CommandError
 
 from django_pgqueue import operations
-from django_pgqueue.conf import get_settings
+from django_pgqueue.conf import get_settings, queue_databases
+from django_pgqueue.management.commands._database import add_database_argument, database_option
 
 
 class Command(BaseCommand):
@@ -37,7 +38,15 @@ class Command(BaseCommand):
             help=f"rows per DELETE statement (default: {conf.PRUNE_BATCH})",
         )
 
+        add_database_argument(parser, "task table to prune (default: every one)")
+
     def handle(self, *args, **opts):
+        only = database_option(opts["database"])
+        for database in [only] if only else queue_databases():
+            self._prune(database, opts)
+
+    def _prune(self, database: str, opts) -> None:
+        where = f" on {database}" if len(queue_databases()) > 1 else ""
         conf = get_settings()
         result_ttl = conf.RESULT_TTL if opts["result_ttl"] is None else opts["result_ttl"]
         dead_ttl = conf.DEAD_TTL if opts["dead_ttl"] is None else opts["dead_ttl"]
@@ -47,15 +56,15 @@ class Command(BaseCommand):
         if batch < 1:
             raise CommandError("--batch must be at least 1")
         if opts["dry_run"]:
-            counts = operations.prunable_counts(result_ttl, dead_ttl)
+            counts = operations.prunable_counts(result_ttl, dead_ttl, database=database)
             total = sum(counts.values())
             details = ", ".join(f"{state} {count}" for state, count in sorted(counts.items()))
             self.stdout.write(
-                f"would delete {total} task(s): {details} "
+                f"would delete {total} task(s){where}: {details} "
                 f"(result_ttl={result_ttl:g}s, dead_ttl={dead_ttl:g}s)"
             )
             return
-        deleted = operations.prune_expired(result_ttl, dead_ttl, batch)
+        deleted = operations.prune_expired(result_ttl, dead_ttl, batch, database=database)
         self.stdout.write(
-            f"deleted {deleted} task(s) (result_ttl={result_ttl:g}s, dead_ttl={dead_ttl:g}s)"
+            f"deleted {deleted} task(s){where} (result_ttl={result_ttl:g}s, dead_ttl={dead_ttl:g}s)"
         )

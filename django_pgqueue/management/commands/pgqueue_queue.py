@@ -9,7 +9,7 @@ from django.core.management.base import BaseCommand, CommandError
 from django.utils import timezone
 
 from django_pgqueue import operations
-from django_pgqueue.conf import get_settings
+from django_pgqueue.conf import database_for, get_settings, queue_databases
 from django_pgqueue.exceptions import InvalidTaskError
 from django_pgqueue.limits import queue_limits
 from django_pgqueue.registry import registry
@@ -42,8 +42,9 @@ class Command(BaseCommand):
             self._list(opts["json"])
             return
         queue, task_name = opts["queue"], opts["task"]
-        # Read on DATABASE, where the pause is written: a replica may not have it yet.
-        database = get_settings().DATABASE
+        # Read on the queue's database, where the pause is written: a replica may not
+        # have it yet.
+        database = database_for(queue)
         before = operations.pauses(using=database).get(queue)
         try:
             if opts["action"] == "pause":
@@ -81,7 +82,11 @@ class Command(BaseCommand):
             )
 
     def _list(self, as_json: bool) -> None:
-        pauses = operations.pauses(using=get_settings().DATABASE)
+        # Each queue's pause from its own database (PGQUEUE['DATABASES']).
+        pauses = {}
+        for alias in queue_databases():
+            found = operations.pauses(using=alias)
+            pauses.update({q: p for q, p in found.items() if database_for(q) == alias})
         limits = queue_limits()
         queues = sorted({*pauses, *limits, *_declared_queues()})
         rows = []

@@ -10,6 +10,7 @@ from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
 from django_pgqueue import operations
+from django_pgqueue.management.commands._database import add_database_argument, database_option
 
 RELATIVE = re.compile(r"^(\d+(?:\.\d+)?)([smhd])$")
 UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days"}
@@ -50,7 +51,10 @@ class Command(BaseCommand):
             "--dry-run", action="store_true", help="list what would be requeued, change nothing"
         )
 
+        add_database_argument(parser, "dead letters to requeue (default: --queue's database)")
+
     def handle(self, *args, **opts):
+        database = database_option(opts["database"])
         filters = [opts["task_name"], opts["queue"], opts["since"], opts["ids"]]
         if not opts["all"] and not any(f is not None for f in filters):
             raise CommandError(
@@ -63,6 +67,7 @@ class Command(BaseCommand):
             queue=opts["queue"],
             since=since,
             dry_run=opts["dry_run"],
+            database=database,
         )
         shown = ", ".join(str(i) for i in ids[:20]) + (" ..." if len(ids) > 20 else "")
         verb = "would requeue" if opts["dry_run"] else "requeued"

@@ -6,6 +6,7 @@ from django.core.management.base import BaseCommand, CommandError
 
 from django_pgqueue import operations
 from django_pgqueue.exceptions import InvalidTaskError, TaskDoesNotExist
+from django_pgqueue.management.commands._database import add_database_argument, database_option
 from django_pgqueue.payload import parse_json
 
 
@@ -27,11 +28,14 @@ class Command(BaseCommand):
             'the shell: --payload \'{"by": "ops"}\'); default null',
         )
 
+        add_database_argument(parser, "task this id names")
+
     def handle(self, *args, **opts):
+        database = database_option(opts["database"])
         task_id, name = opts["task_id"], opts["name"]
         try:
             payload = parse_json(opts["payload"], "--payload")
-            outcome = operations.signal(task_id, name, payload)
+            outcome = operations.signal(task_id, name, payload, database=database)
         except InvalidTaskError as exc:
             raise CommandError(str(exc)) from None
         if outcome == "resumed":
@@ -46,7 +50,7 @@ class Command(BaseCommand):
             )
         else:
             try:
-                state = operations.get_task(task_id).state
+                state = operations.get_task(task_id, database=database).state
             except TaskDoesNotExist:
                 raise CommandError(f"no task with id {task_id}; nothing was sent") from None
             raise CommandError(

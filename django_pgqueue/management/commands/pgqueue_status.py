@@ -10,12 +10,12 @@ from django.core.management.base import BaseCommand, CommandError
 from django.utils import timezone
 
 from django_pgqueue import operations
-from django_pgqueue.limits import queue_limits
+from django_pgqueue.conf import queue_databases
 from django_pgqueue.overview import (
     HOLDS,
     WAIT_REASONS,
     QueueGroup,
-    group_by_queue,
+    all_groups,
     humanize_seconds,
 )
 from django_pgqueue.periodic import schedules
@@ -91,14 +91,10 @@ def read_status() -> dict[str, Any]:
     whether it is a standby, and ``replica_lag_seconds`` how far behind it is (None:
     not a replica, or it has replayed nothing yet)."""
     lag = operations.replica_lag()
-    groups = group_by_queue(
-        operations.queue_overview(),
-        operations.queue_capacity(),
-        operations.pauses(),
-        queue_limits(),
-    )
+    groups = all_groups()
     return {
         "generated_at": timezone.now().isoformat(timespec="seconds"),
+        "databases": queue_databases(),
         "tasks": [row for group in groups for row in group.rows],
         "queues": [_queue(group) for group in groups],
         "schedules": schedules(),
@@ -111,6 +107,7 @@ def read_status() -> dict[str, Any]:
 def _queue(group: QueueGroup) -> dict[str, Any]:
     return {
         "queue": group.name,
+        "database": group.database,
         "workers": group.workers,
         "slots": group.slots,
         "in_flight": group.in_flight,
@@ -129,9 +126,11 @@ def _queue(group: QueueGroup) -> dict[str, Any]:
 def render_table(snapshot: dict[str, Any]) -> str:
     header = ["queue", "task", *(title for title, _ in COLUMNS)]
     lines: list[list[str]] = []
+    several = len(snapshot.get("databases") or ()) > 1  # then each queue names its own
     for row in snapshot["tasks"]:
         task = f"{row['task_name']}@{row['handler_version']}"
-        lines.append([row["queue"], task, *(_cell(row, key) for _, key in COLUMNS)])
+        queue = _on(row["queue"], row.get("database"), several)
+        lines.append([queue, task, *(_cell(row, key) for _, key in COLUMNS)])
     widths = [
         max(len(str(cell)) for cell in column) for column in zip(header, *lines, strict=False)
     ]
@@ -140,7 +139,7 @@ def render_table(snapshot: dict[str, Any]) -> str:
     if not lines:
         out.append("(no pending, running or dead tasks, and none finished in the last hour)")
     out.append("")
-    out += _queue_lines(snapshot["queues"])
+    out += _queue_lines(snapshot["queues"], several)
     out += _schedule_lines(snapshot.get("schedules") or [])
     out += _read_database_lines(snapshot)
     out.append(f"at {snapshot['generated_at']}")
@@ -189,7 +188,12 @@ def _moment(value: Any) -> str:
     return value.isoformat(timespec="seconds") if value is not None else "-"
 
 
-def _queue_lines(queues: list[dict[str, Any]]) -> list[str]:
+def _on(queue: str, database: str | None, several: bool) -> str:
+    """A queue's name, and its database's when there are several: ``emails (queue2)``."""
+    return f"{queue} ({database})" if several and database else queue
+
+
+def _queue_lines(queues: list[dict[str, Any]], several: bool = False) -> list[str]:
     """Per queue: live workers, what its waiting tasks wait for, pause, limits and what
     holds its due tasks back."""
     if not queues:
@@ -197,7 +201,8 @@ def _queue_lines(queues: list[dict[str, Any]]) -> list[str]:
     header = ["queue", "workers", "slots", "in flight", "waiting for", "paused", "limits",
               "held back", "throttled"]  # fmt: skip
     lines = [
-        [q["queue"], str(q["workers"]), str(q["slots"]), str(q["in_flight"]), _waiting(q),
+        [_on(q["queue"], q.get("database"), several), str(q["workers"]), str(q["slots"]),
+         str(q["in_flight"]), _waiting(q),
          _paused(q), _limits(q), ", ".join(HOLDS[key] for key in q["held_by"]) or "-",
          str(q["throttled"])]
         for q in queues

@@ -8,11 +8,18 @@ from __future__ import annotations
 
 import os
 import sys
+from dataclasses import replace
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from django_pgqueue.conf import SETTINGS, Setting, get_settings
+from django_pgqueue.conf import (
+    SETTINGS,
+    Setting,
+    get_settings,
+    queue_databases,
+    queues_by_database,
+)
 from django_pgqueue.registry import validate_queue
 from django_pgqueue.worker.logging import configure_logging
 from django_pgqueue.worker.worker import EXIT_RECYCLE, Worker, WorkerOptions
@@ -36,6 +43,12 @@ class Command(BaseCommand):
         parser.add_argument(
             "--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"]
         )
+        parser.add_argument(
+            "--database",
+            metavar="ALIAS",
+            help="serve only the queues on this alias (PGQUEUE['DATABASES']); by default a "
+            "worker process is started for each database that holds one of the queues",
+        )
 
     def handle(self, *args, **opts):
         configure_logging(opts["log_level"])
@@ -46,16 +59,24 @@ class Command(BaseCommand):
             prune=not opts["no_prune"],
         )
         _check(options, opts)
+        groups = _by_database(options, opts["database"])
         metrics_port = opts["metrics_port"] or get_settings().METRICS_PORT
         processes = opts["processes"] or get_settings().PROCESSES
-        if processes > 1:
+        if processes > 1 or len(groups) > 1:
             if options.burst:
-                raise CommandError("--burst runs a single process; drop --processes")
+                raise CommandError(
+                    "--burst runs a single process: drop --processes"
+                    if processes > 1
+                    else "--burst runs a single process, and these queues are on several "
+                    f"databases ({', '.join(g.database for g in groups)}): pass --database"
+                )
             from django_pgqueue.worker.supervisor import Supervisor
 
-            # A child whose handler overran its ceiling exits at once and is replaced.
-            options.write_off_limit = 1
-            sys.exit(Supervisor(options, processes, opts["log_level"], metrics_port).run())
+            for group in groups:
+                # A child whose handler overran its ceiling exits at once and is replaced.
+                group.write_off_limit = 1
+            sys.exit(Supervisor(groups, processes, opts["log_level"], metrics_port).run())
+        [options] = groups
         if metrics_port:
             from django_pgqueue.metrics import serve_worker_metrics
 
@@ -71,6 +92,23 @@ class Command(BaseCommand):
             # sys.orig_argv keeps "-m django" when that is how the worker was started.
             os.execv(sys.executable, [sys.executable, *sys.orig_argv[1:]])
         sys.exit(code)
+
+
+def _by_database(options: WorkerOptions, only: str | None) -> list[WorkerOptions]:
+    """The options of one worker per database that holds some of the queues
+    (PGQUEUE['DATABASES']), or of the one ``--database`` names."""
+    groups = queues_by_database(options.queues)
+    if only is not None:
+        if only not in queue_databases():
+            raise CommandError(
+                f"--database {only!r} holds no task table: use one of "
+                f"{', '.join(queue_databases())}"
+            )
+        if only not in groups:
+            on = ", ".join(f"{q} on {a}" for a, qs in groups.items() for q in qs)
+            raise CommandError(f"none of the queues is on database {only!r} ({on})")
+        groups = {only: groups[only]}
+    return [replace(options, queues=queues, database=alias) for alias, queues in groups.items()]
 
 
 def _add_flag(parser: CommandParser, setting: Setting, effective: Any) -> None:
