@@ -32,7 +32,8 @@ def check_transaction(definition: TaskDefinition, queue: str, alias: str, how: s
     """Refuse a write to ``alias`` while the caller's transaction is on another alias
     and none is open on ``alias``: the task would commit at once, on its own, and run
     even if that transaction rolled back (or run before its data is committed)."""
-    if connections[alias].in_atomic_block:
+    # One database configured (the common case): no other transaction can be open.
+    if len(connections.settings) == 1 or connections[alias].in_atomic_block:
         return
     for connection in connections.all(initialized_only=True):
         if connection.alias != alias and connection.in_atomic_block:

@@ -130,9 +130,11 @@ def alias_settings(cluster: PrivateCluster) -> dict:
 
 
 @pytest.fixture
-def replica(replication: Replication, db: None, settings) -> Iterator[Replication]:
+def replica(replication: Replication, transactional_db: None, settings) -> Iterator[Replication]:
     """The queue on the private primary, read from its standby: DATABASE and
-    READ_DATABASE for this test, the queue's tables empty on both."""
+    READ_DATABASE for this test, the queue's tables empty on both. No transaction
+    around the test on ``default``: an enqueue (on the primary) from inside one on
+    another database is refused (docs/databases.md)."""
     replication.primary_sql(
         "TRUNCATE pgqueue_task, pgqueue_dependency, pgqueue_worker, pgqueue_queue, pgqueue_schedule"
     )
