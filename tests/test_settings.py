@@ -282,6 +282,7 @@ def test_worker_options_have_a_field_per_option_setting_and_cross_a_process_boun
         *(s.option for s in SETTINGS if s.option),
         "burst",
         "prune",
+        "database",
     }
     # ... and they are rebuilt whole from JSON, as the supervisor's children rebuild them
     assert WorkerOptions(**json.loads(json.dumps(asdict(options)))) == options
