@@ -182,6 +182,35 @@ def test_prune_uses_the_retention_index(session):
     assert "Seq Scan pgqueue_task" not in node_types(plan)
 
 
+def test_prune_of_a_long_history_with_workflow_edges_reads_only_its_batch(session):
+    # Given 50,000 succeeded rows past their time to live, chained by 50,000 edges, and
+    # statistics that say so
+    session.execute(
+        "INSERT INTO pgqueue_task (queue, task_name, state, finished_at) "
+        "SELECT 'default', 'tests.tasks.noop', 'succeeded', now() - interval '2 hours' "
+        "FROM generate_series(1, %(rows)s)",
+        {"rows": ROWS},
+    )
+    session.execute(
+        "INSERT INTO pgqueue_dependency (parent_id, child_id, resolved, proceed_on_failure) "
+        "SELECT id, id + 1, true, false FROM pgqueue_task"
+    )
+    session.execute("VACUUM ANALYZE pgqueue_task")
+    session.execute("VACUUM ANALYZE pgqueue_dependency")
+
+    # When one batch of 500 is pruned, under the worker's generic plan too
+    plan = analyze(session, "prune", {"result_ttl": 3600, "dead_ttl": 3600, "batch": 500})
+
+    # Then the 500 rows and their edges go by index (no scan of either table), and the
+    # statement reads a few blocks per row, not the table (a join over a sequential
+    # scan of pgqueue_task read ~700 blocks more per batch)
+    scans = node_types(plan)
+    assert "Seq Scan pgqueue_task" not in scans, scans
+    assert "Seq Scan pgqueue_dependency" not in scans, scans
+    assert not any(name.startswith("Hash") for name in scans), scans
+    assert buffers(plan) < 500 * 12, buffers(plan)
+
+
 def test_worker_connections_cannot_plan_a_sort_or_bitmap_scan_of_the_backlog(pg):
     # Stale statistics once made the planner sort the whole backlog for every claim
     # (0.8 s a claim); the worker's sessions rule those plan shapes out, and JIT (which

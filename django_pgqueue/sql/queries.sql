@@ -1249,6 +1249,12 @@ RETURNING id;
 -- clears it), so nothing a worker holds can be pruned. The pruned tasks' workflow
 -- edges go with them (pgqueue_dep_child and pgqueue_dep_edge, by id): a live task
 -- loses at most a finished parent from its parent_results.
+-- Every DELETE names its rows by "id = ANY (ARRAY(...))", never by a join: under the
+-- worker's generic plans the batch's LIMIT is a parameter the planner prices at 10%
+-- of the table, and a join then became a hash join over a sequential scan of the
+-- whole task table for every batch (and the edges' "child OR parent" a nested loop
+-- over every edge). An array of ids is an index scan of the primary key (and of each
+-- edge index) whatever the statistics say: benchmarks/history.py.
 WITH doomed AS MATERIALIZED (
     (SELECT id FROM pgqueue_task
       WHERE state = 'succeeded'
@@ -1267,15 +1273,19 @@ WITH doomed AS MATERIALIZED (
 ),
 pruned AS (
     DELETE FROM pgqueue_task AS t
-     USING doomed AS d
-     WHERE t.id = d.id
+     WHERE t.id = ANY (ARRAY(SELECT id FROM doomed))
        AND t.lease_token IS NULL
     RETURNING t.id, t.state
 ),
-edges AS (
+parent_edges AS (
+    -- An edge between two tasks of the batch matches both DELETEs: the second finds
+    -- it deleted by this statement and skips it.
     DELETE FROM pgqueue_dependency AS e
-     USING pruned AS p
-     WHERE e.child_id = p.id OR e.parent_id = p.id
+     WHERE e.child_id = ANY (ARRAY(SELECT id FROM pruned))
+),
+child_edges AS (
+    DELETE FROM pgqueue_dependency AS e
+     WHERE e.parent_id = ANY (ARRAY(SELECT id FROM pruned))
 )
 SELECT state FROM pruned;
 
