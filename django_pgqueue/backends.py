@@ -119,10 +119,8 @@ class PgQueueBackend(BaseTaskBackend):
         )
         try:
             task_id, enqueued_at = insert_row(call, args, kwargs)
-        except queue_errors.InvalidTaskError as exc:
-            raise queue_errors.InvalidTaskError(
-                f"cannot enqueue {task.module_path}: {exc}"
-            ) from exc
+        except queue_errors.InvalidTaskError as exc:  # its kind kept (TransactionDatabaseError)
+            raise type(exc)(f"cannot enqueue {task.module_path}: {exc}") from exc
         result = TaskResult(
             task=task,
             id=framework.result_id(task_id, database_for(task.queue_name)),

@@ -246,6 +246,10 @@ def test_a_framework_task_on_the_other_database_has_a_result_id_naming_it():
         assert count("queue2") == 1 and count("default") == 0
         again = task_backends["default"].get_result(result.id)
         assert again.id == result.id and again.task.queue_name == "q2"
+        # The same refusal inside a transaction on default, with its kind kept.
+        with transaction.atomic(), pytest.raises(TransactionDatabaseError):
+            framework_tasks.add.using(queue_name="q2").enqueue(1, 1)
+        assert count("queue2") == 1
 
 
 def test_the_gauges_and_pgqueue_status_cover_both_databases():
