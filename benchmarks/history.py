@@ -44,12 +44,11 @@ from benchmarks.runner import (
     Row,
     WorkerProcess,
     cpu_seconds,
-    met,
     prepare_database,
     print_table,
-    ratio,
     raw_connection,
     reset_queue,
+    rows_json,
     server_info,
     setup_django,
     setup_django_child,
@@ -676,17 +675,7 @@ def main(argv: list[str] | None = None) -> int:
                 "server": info,
                 "cpus": os.cpu_count(),
                 "options": {**options, "runs": kinds},
-                "rows": {
-                    k: {
-                        "label": r.label,
-                        "unit": r.unit,
-                        "value": r.median,
-                        "ratio": ratio(rows, r),
-                        "target": r.target,
-                        "met": met(rows, r),
-                    }
-                    for k, r in rows.items()
-                },
+                "rows": rows_json(rows),
                 "runs": runs,
             },
             indent=2,
