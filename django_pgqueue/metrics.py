@@ -314,8 +314,13 @@ class QueueCollector(Collector):
         """The reads of every alias with a task table (PGQUEUE['DATABASES']), each on
         its read database, concatenated: queue names are per deployment, so the gauges
         keep their labels. A queue's pause comes from its own database."""
-        from django_pgqueue.conf import database_for, queue_databases
-        from django_pgqueue.operations import replica_lag
+        from django_pgqueue.conf import queue_databases
+        from django_pgqueue.operations import (
+            own_pauses,
+            queue_capacity,
+            queue_overview,
+            replica_lag,
+        )
 
         overview: list[dict[str, Any]] = []
         capacity: list[dict[str, Any]] = []
@@ -325,12 +330,9 @@ class QueueCollector(Collector):
             with self._bounded(read_database(alias)) as using:
                 if index == 0:
                     lag = replica_lag()
-                read_overview, read_capacity, read_pauses = _read_queues(using)
-            overview += read_overview
-            capacity += read_capacity
-            for queue, pause in read_pauses.items():
-                if queue not in queue_pauses or database_for(queue) == alias:
-                    queue_pauses[queue] = pause
+                overview += queue_overview(using=using)
+                capacity += queue_capacity(using=using)
+                queue_pauses.update(own_pauses(alias, using))
         return overview, capacity, queue_pauses, lag
 
     @contextmanager
@@ -358,14 +360,6 @@ class QueueCollector(Collector):
                 # Scrapes of a worker's /metrics come on short-lived threads, each with
                 # its own Django connection: do not leave one open per scrape.
                 connection.close()
-
-
-def _read_queues(
-    using: str,
-) -> tuple[list[dict[str, Any]], list[dict[str, Any]], dict[str, Any]]:
-    from django_pgqueue.operations import pauses, queue_capacity, queue_overview
-
-    return queue_overview(using=using), queue_capacity(using=using), pauses(using=using)
 
 
 def replica_lag_families(lag: ReplicaLag | None) -> list[Metric]:

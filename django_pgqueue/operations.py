@@ -118,6 +118,14 @@ def pauses(using: str | None = None) -> dict[str, dict[str, Any]]:
     }
 
 
+def own_pauses(alias: str, using: str | None = None) -> dict[str, dict[str, Any]]:
+    """``pauses`` of the queues whose tasks are on ``alias`` (PGQUEUE['DATABASES']), read
+    on ``using`` (default: the alias's read database). A row a queue left on another
+    database before it moved is not its pause: no claim of its workers reads it."""
+    found = pauses(using=using or read_database(alias))
+    return {queue: pause for queue, pause in found.items() if database_for(queue) == alias}
+
+
 def queue_overview(using: str | None = None) -> list[dict[str, Any]]:
     """Per (queue, task_name): pending routable / unroutable, scheduled, running,
     waiting (and by what for: waiting_parents, waiting_signal, waiting_child; see

@@ -85,8 +85,7 @@ class Command(BaseCommand):
         # Each queue's pause from its own database (PGQUEUE['DATABASES']).
         pauses = {}
         for alias in queue_databases():
-            found = operations.pauses(using=alias)
-            pauses.update({q: p for q, p in found.items() if database_for(q) == alias})
+            pauses.update(operations.own_pauses(alias, using=alias))
         limits = queue_limits()
         queues = sorted({*pauses, *limits, *_declared_queues()})
         rows = []
