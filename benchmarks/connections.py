@@ -45,7 +45,6 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-import json
 import math
 import os
 import re
@@ -66,6 +65,7 @@ from benchmarks.runner import (
     prepare_database,
     setup_django,
     wait_for,
+    write_results,
 )
 from tests.pgcluster import PrivateCluster
 
@@ -440,24 +440,17 @@ def run(args: argparse.Namespace, cluster: PrivateCluster, todo: list[Case], rou
         observer.close()
     print()
     print_table(results)
-    out = args.json or RESULTS / f"connections-{datetime.now():%Y%m%d-%H%M%S}.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(
-        json.dumps(
-            {
-                "date": datetime.now().isoformat(timespec="seconds"),
-                "server": {"postgresql": version, "max_connections": MAX_CONNECTIONS},
-                "cpus": os.cpu_count(),
-                "handler_sleep": args.sleep,
-                "tasks_per_slot": rounds,
-                "pool_max_size": POOL_MAX_SIZE,
-                "cases": results,
-            },
-            indent=2,
-            default=str,
-        )
+    write_results(
+        "connections",
+        args.json,
+        {
+            "server": {"postgresql": version, "max_connections": MAX_CONNECTIONS},
+            "handler_sleep": args.sleep,
+            "tasks_per_slot": rounds,
+            "pool_max_size": POOL_MAX_SIZE,
+            "cases": results,
+        },
     )
-    print(f"\nresults written to {out}")
     problems = [
         key
         for key, r in results.items()

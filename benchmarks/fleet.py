@@ -31,7 +31,6 @@ the results written as JSON to benchmarks/results/. See docs/performance.md, "Fl
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import re
 import signal
@@ -53,14 +52,14 @@ from benchmarks.runner import (
     count,
     cpu_seconds,
     enqueue_backlog,
-    met,
     print_table,
-    ratio,
     raw_connection,
     reset_queue,
+    rows_json,
     setup_django,
     wait_for,
     write_position,
+    write_results,
 )
 from tests.pgcluster import PrivateCluster
 
@@ -526,38 +525,20 @@ def run(args: argparse.Namespace, cluster: PrivateCluster, started: list[WorkerP
     print_table(rows)
     for failure in failures:
         print(f"FAILED: {failure}")
-    out = args.json or RESULTS / f"fleet-{datetime.now():%Y%m%d-%H%M%S}.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(
-        json.dumps(
-            {
-                "date": datetime.now().isoformat(timespec="seconds"),
-                "server": {"postgresql": version, **SERVER},
-                "cpus": os.cpu_count(),
-                "code": code,
-                "processes": n,
-                "concurrency": args.concurrency,
-                "tasks": total,
-                "rows": {
-                    k: {
-                        "label": r.label,
-                        "unit": r.unit,
-                        "samples": r.samples,
-                        "median": r.median if r.samples else None,
-                        "ratio": ratio(rows, r),
-                        "target": r.target,
-                        "met": met(rows, r),
-                    }
-                    for k, r in rows.items()
-                },
-                "failures": failures,
-                "raw": raw,
-            },
-            indent=2,
-            default=str,
-        )
+    write_results(
+        "fleet",
+        args.json,
+        {
+            "server": {"postgresql": version, **SERVER},
+            "code": code,
+            "processes": n,
+            "concurrency": args.concurrency,
+            "tasks": total,
+            "rows": rows_json(rows),
+            "failures": failures,
+            "raw": raw,
+        },
     )
-    print(f"\nresults written to {out}")
     return 1 if failures else 0
 
 

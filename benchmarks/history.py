@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import json
 import multiprocessing
 import os
 import re
@@ -53,6 +52,7 @@ from benchmarks.runner import (
     setup_django,
     setup_django_child,
     wait_for,
+    write_results,
 )
 
 SAMPLE_SECONDS = 10.0
@@ -666,23 +666,16 @@ def main(argv: list[str] | None = None) -> int:
     rows = summarize(runs, options["seconds"], args.result_ttl)
     print()
     print_table(rows)
-    out = args.json or RESULTS / f"history-{datetime.now():%Y%m%d-%H%M%S}.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(
-        json.dumps(
-            {
-                "date": datetime.now().isoformat(timespec="seconds"),
-                "server": info,
-                "cpus": os.cpu_count(),
-                "options": {**options, "runs": kinds},
-                "rows": rows_json(rows),
-                "runs": runs,
-            },
-            indent=2,
-            default=str,
-        )
+    write_results(
+        "history",
+        args.json,
+        {
+            "server": info,
+            "options": {**options, "runs": kinds},
+            "rows": rows_json(rows),
+            "runs": runs,
+        },
     )
-    print(f"\nresults written to {out}")
     return 0
 
 

@@ -1205,25 +1205,23 @@ def main(argv: list[str] | None = None) -> int:
 
     print()
     print_table(rows)
-    out = args.json or RESULTS / f"results-{datetime.now():%Y%m%d-%H%M%S}.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(
-        json.dumps(
-            {
-                "date": datetime.now().isoformat(timespec="seconds"),
-                "server": info,
-                "cpus": os.cpu_count(),
-                "runs": runs,
-                "quick": args.quick,
-                "rows": rows_json(rows),
-                "raw": raw,
-            },
-            indent=2,
-            default=str,
-        )
+    write_results(
+        "results",
+        args.json,
+        {"server": info, "runs": runs, "quick": args.quick, "rows": rows_json(rows), "raw": raw},
     )
-    print(f"\nresults written to {out}")
     return 0
+
+
+def write_results(kind: str, path: Path | None, document: dict[str, Any]) -> Path:
+    """Write a run's JSON (with the date and the CPU count) to ``path``, or to
+    benchmarks/results/<kind>-<date>.json, and say where."""
+    out = path or RESULTS / f"{kind}-{datetime.now():%Y%m%d-%H%M%S}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    stamp = {"date": datetime.now().isoformat(timespec="seconds"), "cpus": os.cpu_count()}
+    out.write_text(json.dumps({**stamp, **document}, indent=2, default=str))
+    print(f"\nresults written to {out}")
+    return out
 
 
 def rows_json(rows: dict[str, Row]) -> dict[str, dict]:
