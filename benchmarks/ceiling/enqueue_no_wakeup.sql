@@ -1,0 +1,1 @@
+INSERT INTO pgqueue_task (queue, task_name, handler_version, priority, args, kwargs, run_at, state, max_attempts, retry_policy, timeout, unique_key, metadata, concurrency_key) VALUES ('default', 'benchmarks.tasks.noop', 0, 0, '[1]', '{}', statement_timestamp(), 'pending', 1, '{}', NULL, NULL, '{}', NULL) RETURNING id, enqueued_at;
