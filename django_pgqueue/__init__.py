@@ -17,6 +17,9 @@ Public API::
 Everything else is private by name or lives in a submodule documented in docs/.
 """
 
+# The release, read by the packaging too (pyproject.toml); docs/versioning.md.
+__version__ = "0.1.0"
+
 from django_pgqueue.context import TaskContext
 from django_pgqueue.exceptions import (
     Cancelled,
