@@ -344,7 +344,8 @@ class Settler:
 def _level(outcome: Outcome, state: str) -> int:
     if state == "failed":  # a dead letter: failed for good
         return logging.ERROR
-    if state == "pending" and outcome.label in (FAILURE, TIMEOUT, LOST):  # retried
+    # A failed attempt that will be retried.
+    if state in ("pending", "scheduled") and outcome.label in (FAILURE, TIMEOUT, LOST):
         return logging.WARNING
     if outcome.label == SUCCESS:
         return logging.DEBUG
