@@ -190,8 +190,19 @@ def test_a_log_level_given_on_the_command_line_wins_over_logging(start_worker):
     assert " started: " in worker.log()  # wait_started saw the INFO line
 
 
-def test_log_format_json_writes_one_json_object_per_line_with_the_tasks_fields(start_worker):
-    worker = start_worker("--log-format", "json", env={"PGQUEUE_TEST_LOGGING": "no-handlers"})
+@pytest.mark.parametrize("execution", ["thread", "process"])
+def test_log_format_json_writes_one_json_object_per_line_with_the_tasks_fields(
+    start_worker, execution: str
+):
+    worker = start_worker(
+        "--log-format",
+        "json",
+        "--execution",
+        execution,
+        "--concurrency",
+        "1",
+        env={"PGQUEUE_TEST_LOGGING": "no-handlers"},
+    )
     failing = tasks.fail_always.enqueue("kaput")
     talking = tasks.logs_a_line.enqueue()
     wait_until(lambda: failed_for_good(failing), timeout=30, message="the dead letter")

@@ -33,8 +33,8 @@ TEXT_FORMAT = (
     "%(asctime)s %(levelname)s [%(processName)s %(threadName)s] "
     "[%(pgqueue_execution)s] %(message)s"
 )
-# The format of the handler configure_logging added (for the worker's child processes).
-_configured = {"format": "text"}
+# What configure_logging was given and did, for the worker's own child processes.
+_configured: dict[str, str | None] = {"level": None, "format": "text"}
 
 
 def task_fields(task: ClaimedTask, **more: Any) -> dict[str, Any]:
@@ -117,6 +117,7 @@ def configure_logging(level: str | None = None, fmt: str = "text") -> None:
     treatment), writing to stderr in ``fmt``: ``text`` or ``json``. If it does, the
     project's handlers and formats stay (use ``JsonFormatter`` in LOGGING for JSON).
     """
+    _configured["level"] = level
     pgqueue = logging.getLogger("django_pgqueue")
     if level is not None:
         pgqueue.setLevel(level.upper())
@@ -143,7 +144,13 @@ def configure_logging(level: str | None = None, fmt: str = "text") -> None:
     root.addHandler(handler)
 
 
+def configured_level() -> str | None:
+    """The ``--log-level`` given to ``configure_logging`` in this process, if any: what
+    the worker's own child processes are given."""
+    return _configured["level"]
+
+
 def configured_format() -> str:
     """The format of the handler ``configure_logging`` added in this process ("text" if
     it added none): what the worker's own child processes use."""
-    return _configured["format"]
+    return _configured["format"] or "text"

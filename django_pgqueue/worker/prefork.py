@@ -53,7 +53,12 @@ from django_pgqueue.worker import outcomes, remote_error
 from django_pgqueue.worker.asyncio_runner import AsyncRunner
 from django_pgqueue.worker.claimed import ClaimedTask, Lease
 from django_pgqueue.worker.execution import execute
-from django_pgqueue.worker.logging import configure_logging, configured_format, task_fields
+from django_pgqueue.worker.logging import (
+    configure_logging,
+    configured_format,
+    configured_level,
+    task_fields,
+)
 from django_pgqueue.worker.outcomes import Outcome
 from django_pgqueue.worker.spawn import start_child
 from django_pgqueue.worker.stats import WorkerStats
@@ -189,9 +194,8 @@ class PreforkPool:
         self._children: set[_Child] = set()
         self._lock = threading.Lock()
         self._closing = False
-        self._log_level = logging.getLevelName(
-            logging.getLogger("django_pgqueue").getEffectiveLevel()
-        )
+        # The children set their logging up as this process did (from the same LOGGING).
+        self._log_level = configured_level()
 
     # -- lifecycle --------------------------------------------------------------------
     def start(self) -> None:
@@ -487,7 +491,7 @@ class _ChildState:
 
 
 def run_child(
-    database: str, task_fd: int, outcome_fd: int, log_level: str, log_format: str = "text"
+    database: str, task_fd: int, outcome_fd: int, log_level: str | None, log_format: str = "text"
 ) -> int:
     """A handler process of the prefork pool, started by ``spawn.start_child``."""
     multiprocessing.current_process().name = f"pgqueue-handler-{os.getpid()}"
