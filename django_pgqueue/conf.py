@@ -318,6 +318,14 @@ SETTINGS: tuple[Setting, ...] = (
         minimum=1, maximum=65535, nullable=True,
     ),
     Setting(
+        "LOG_FORMAT", "text", str,
+        'The format of the log handler the worker adds when LOGGING configures none for '
+        'django_pgqueue or the root logger: "text", or "json" (one object per line, '
+        "with the task's fields; docs/logging.md).",
+        flag="--log-format", help="text, or one JSON object per line",
+        choices=("text", "json"),
+    ),
+    Setting(
         "QUEUE_METRICS", True, bool,
         "Register the queue gauges in prometheus_client's default registry at startup.",
     ),

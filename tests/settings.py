@@ -133,3 +133,14 @@ LOGGING = {
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
     "loggers": {"django_pgqueue": {"handlers": ["console"], "level": "INFO"}},
 }
+# tests/test_logging.py: LOGGING with no handler (the worker adds its own), or with
+# django_pgqueue at another level.
+if os.environ.get("PGQUEUE_TEST_LOGGING") == "no-handlers":
+    LOGGING["loggers"] = {"tests.tasks": {"level": "INFO"}}
+if os.environ.get("PGQUEUE_TEST_LOGGING_LEVEL"):
+    LOGGING["loggers"]["django_pgqueue"]["level"] = os.environ["PGQUEUE_TEST_LOGGING_LEVEL"]
+# tests/test_logging.py: Sentry in the workers it starts, its events written to a file.
+if os.environ.get("PGQUEUE_TEST_SENTRY_EVENTS"):
+    from tests import sentry_capture
+
+    sentry_capture.init()

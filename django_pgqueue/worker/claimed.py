@@ -64,6 +64,9 @@ class ClaimedTask:
     # When the heartbeat last renewed the lease (the renewal was sent then: monotonic).
     renewed_monotonic: float | None = None
     context: TaskContext | None = None
+    # The exception the handler's attempt ended with (set by outcomes.error_entry), for
+    # the log record of the settlement: never stored, never sent to a process.
+    raised: BaseException | None = None
 
     @property
     def lease(self) -> Lease:

@@ -68,7 +68,7 @@ def execute(task: ClaimedTask, database: str, async_runner: AsyncRunner | None) 
     if async_runner is not None and _is_async(task):
         # On the runner's loop, as an async slot runs it (in process mode's children).
         return async_runner.result(execute_async(task, database))
-    marker = current_lease.set(task.lease)
+    marker = current_lease.set(task)
     try:
         return _execute(task, database)
     finally:
@@ -102,7 +102,7 @@ async def execute_async(task: ClaimedTask, database: str) -> Outcome:
     """``execute`` for an ``async def`` handler awaited on the worker's event loop (an
     async slot, see async_slots.py): the same outcomes, the timeout by ``wait_for``.
     Never raises."""
-    marker = current_lease.set(task.lease)
+    marker = current_lease.set(task)
     try:
         prepared = _prepare(task, database)
         if isinstance(prepared, Outcome):

@@ -17,6 +17,7 @@ from collections.abc import Callable
 from django_pgqueue.sql import QUERIES
 from django_pgqueue.worker.claimed import ClaimedTask, Lease
 from django_pgqueue.worker.inflight import InFlight
+from django_pgqueue.worker.logging import task_fields
 from django_pgqueue.worker.periodic import Fleet, Periodic
 from django_pgqueue.worker.stats import WorkerStats
 
@@ -109,5 +110,6 @@ class Heartbeat(Periodic):
                     "%s: lease lost while the handler is running (recovered after "
                     "expiry); its outcome will not be written",
                     task.log_prefix(),
+                    extra=task_fields(task, outcome="lost", worker=self.worker_id),
                 )
         self._lost_logged &= {t.lease for t in tasks}

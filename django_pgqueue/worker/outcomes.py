@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import logging
 import traceback
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from django_pgqueue.conf import get_settings
@@ -84,6 +84,15 @@ class Outcome:
     wait_seconds: float | None = None
     runtime: float | None = None
     encoded: str | None = None  # as_row() as JSON, once the settler has encoded it
+    # The exception the attempt ended with, for the log record of its settlement (and so
+    # for error reporters such as Sentry): never part of the row, never JSON-encoded.
+    exc: BaseException | None = field(default=None, repr=False)
+
+    def __post_init__(self) -> None:
+        # An error that error_entry made from an exception (it has a traceback) keeps
+        # that exception: error dicts are copied on their way here, the task is not.
+        if self.exc is None and self.error is not None and self.error.get("traceback"):
+            self.exc = self.task.raised
 
     def as_row(self) -> dict[str, Any]:
         t = self.task
@@ -120,6 +129,9 @@ def clean_text(text: str, limit: int) -> str:
 
 
 def error_entry(task: ClaimedTask, exc: BaseException, kind: str | None = None) -> dict[str, Any]:
+    """The stored error of an attempt that ended with ``exc``. The exception itself stays
+    on the task (``task.raised``) for the outcome's log record, never in the row."""
+    task.raised = exc
     try:
         message = str(exc)
     except Exception as broken:  # a __str__ that raises must not lose the outcome

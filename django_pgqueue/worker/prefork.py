@@ -49,11 +49,16 @@ from datetime import datetime
 from typing import Any
 
 from django_pgqueue.registry import registry
-from django_pgqueue.worker import outcomes
+from django_pgqueue.worker import outcomes, remote_error
 from django_pgqueue.worker.asyncio_runner import AsyncRunner
 from django_pgqueue.worker.claimed import ClaimedTask, Lease
 from django_pgqueue.worker.execution import execute
-from django_pgqueue.worker.logging import configure_logging
+from django_pgqueue.worker.logging import (
+    configure_logging,
+    configured_format,
+    configured_level,
+    task_fields,
+)
 from django_pgqueue.worker.outcomes import Outcome
 from django_pgqueue.worker.spawn import start_child
 from django_pgqueue.worker.stats import WorkerStats
@@ -80,9 +85,10 @@ _TASK_DATETIMES = tuple(f.name for f in fields(ClaimedTask) if f.type == "dateti
 _TASK_FIELDS = tuple(
     f.name
     for f in fields(ClaimedTask)
-    if f.name not in ("received_monotonic", "started_monotonic", "context")
+    if f.name not in ("received_monotonic", "started_monotonic", "context", "raised")
 )
-_OUTCOME_FIELDS = tuple(f.name for f in fields(Outcome) if f.name != "task")
+# The exception crosses as a description (remote_error.py), beside the outcome's fields.
+_OUTCOME_FIELDS = tuple(f.name for f in fields(Outcome) if f.name not in ("task", "exc"))
 
 
 class _ChildGone(Exception):
@@ -188,9 +194,8 @@ class PreforkPool:
         self._children: set[_Child] = set()
         self._lock = threading.Lock()
         self._closing = False
-        self._log_level = logging.getLevelName(
-            logging.getLogger("django_pgqueue").getEffectiveLevel()
-        )
+        # The children set their logging up as this process did (from the same LOGGING).
+        self._log_level = configured_level()
 
     # -- lifecycle --------------------------------------------------------------------
     def start(self) -> None:
@@ -278,7 +283,7 @@ class PreforkPool:
             child = self._checkout(task)
         except OSError as exc:
             message = f"could not start a process to run the handler: {exc}"
-            logger.error("%s: %s", task.log_prefix(), message)
+            logger.error("%s: %s", task.log_prefix(), message, extra=task_fields(task))
             return outcomes.failed(task, outcomes.plain_error(task, "HandlerProcessDied", message))
         if child is None:
             return outcomes.cancelled(
@@ -344,7 +349,9 @@ class PreforkPool:
             wait = _TICK if deadline is None else min(_TICK, deadline - time.monotonic())
             message = child.receive(max(0.0, wait))
             if message is not None:
-                return Outcome(task=task, **message["outcome"])
+                outcome = Outcome(task=task, **message["outcome"])
+                outcome.exc = _rebuilt(message.get("exc"), task)
+                return outcome
             with self._lock:
                 if child.verdict is not None:
                     return None
@@ -360,7 +367,12 @@ class PreforkPool:
             self._stats.incr("handler_processes_died")
             when = "while it ran" if child.ready else "while it set Django up"
             message = f"the handler's process {child.pid} {child.how_it_died()} {when}"
-            logger.error("%s: %s; starting a replacement", task.log_prefix(), message)
+            logger.error(
+                "%s: %s; starting a replacement",
+                task.log_prefix(),
+                message,
+                extra=task_fields(task, outcome=outcomes.FAILURE),
+            )
             return outcomes.failed(task, outcomes.plain_error(task, "HandlerProcessDied", message))
         self._stats.incr("handler_processes_killed")
         if verdict == _CANCELLED:
@@ -375,6 +387,7 @@ class PreforkPool:
             task.timeout,
             child.pid,
             how,
+            extra=task_fields(task, outcome=outcomes.TIMEOUT),
         )
         return outcomes.timed_out(
             task,
@@ -393,6 +406,7 @@ class PreforkPool:
                     "task_fd": task_read,
                     "outcome_fd": outcome_write,
                     "log_level": self._log_level,
+                    "log_format": configured_format(),
                 },
                 pass_fds=(task_read, outcome_write),
                 stdin=subprocess.DEVNULL,
@@ -433,6 +447,20 @@ class PreforkPool:
         threading.Event().wait()
 
 
+def _rebuilt(description: dict[str, Any] | None, task: ClaimedTask) -> BaseException | None:
+    """The handler's exception for the settlement's log record; never fails the outcome."""
+    try:
+        return remote_error.rebuild(description)
+    except Exception:
+        logger.warning(
+            "%s: the handler's exception could not be rebuilt for the log",
+            task.log_prefix(),
+            exc_info=True,
+            extra=task_fields(task),
+        )
+        return None
+
+
 def _task_message(task: ClaimedTask) -> dict[str, Any]:
     message = {name: getattr(task, name) for name in _TASK_FIELDS}
     for name in _TASK_DATETIMES:
@@ -462,10 +490,12 @@ class _ChildState:
     terminating: bool = False
 
 
-def run_child(database: str, task_fd: int, outcome_fd: int, log_level: str) -> int:
+def run_child(
+    database: str, task_fd: int, outcome_fd: int, log_level: str | None, log_format: str = "text"
+) -> int:
     """A handler process of the prefork pool, started by ``spawn.start_child``."""
     multiprocessing.current_process().name = f"pgqueue-handler-{os.getpid()}"
-    configure_logging(log_level)
+    configure_logging(log_level, log_format)
     # A process the handler forks or starts must not hold the pool's pipes open.
     os.set_inheritable(task_fd, False)
     os.set_inheritable(outcome_fd, False)
@@ -487,7 +517,13 @@ def run_child(database: str, task_fd: int, outcome_fd: int, log_level: str) -> i
             state.running = None
             if state.terminating:
                 break
-            _write(out, {"outcome": {n: getattr(outcome, n) for n in _OUTCOME_FIELDS}})
+            _write(
+                out,
+                {
+                    "outcome": {n: getattr(outcome, n) for n in _OUTCOME_FIELDS},
+                    "exc": remote_error.describe(outcome.exc),
+                },
+            )
     except _Terminated:
         pass
     except BrokenPipeError:

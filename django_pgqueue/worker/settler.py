@@ -38,7 +38,8 @@ from django_pgqueue.worker import outcomes
 from django_pgqueue.worker.claimed import Lease
 from django_pgqueue.worker.connection import CONNECTION_ERRORS, Session
 from django_pgqueue.worker.inflight import InFlight
-from django_pgqueue.worker.outcomes import LOST, SUCCESS, Outcome
+from django_pgqueue.worker.logging import task_fields
+from django_pgqueue.worker.outcomes import FAILURE, LOST, SUCCESS, TIMEOUT, Outcome
 from django_pgqueue.worker.stats import WorkerStats
 
 logger = logging.getLogger("django_pgqueue.worker")
@@ -195,6 +196,7 @@ class Settler:
                     outcome.task.log_prefix(),
                     outcome.label,
                     exc,
+                    extra=self._fields(outcome, None),
                 )
                 batch[index] = replacement
                 written.update(self._settle([replacement]))
@@ -218,6 +220,7 @@ class Settler:
                 "transaction?); the %s outcome will be written once the lock is released",
                 outcome.task.log_prefix(),
                 outcome.label,
+                extra=self._fields(outcome, None),
             )
         self._stats.incr("settle_deferred")
         self._deferred.append((time.monotonic() + delay, delay, outcome))
@@ -232,8 +235,7 @@ class Settler:
             state = written.get(task.lease)
             if state is not None:
                 counts[outcome.label] += 1
-                if outcome.label != SUCCESS:
-                    logger.info("%s: %s -> %s", task.log_prefix(), outcome.label, state)
+                self._log_settled(outcome, state)
             elif outcome in lost:
                 counts[LOST] += 1
                 logger.warning(
@@ -241,6 +243,7 @@ class Settler:
                     "(another worker or the lease sweep owns the task now)",
                     task.log_prefix(),
                     outcome.label,
+                    extra=self._fields(outcome, None),
                 )
             else:
                 continue  # deferred: still in flight
@@ -250,6 +253,34 @@ class Settler:
         self._inflight.remove([o.task.lease for o in batch if o.task.lease in written or o in lost])
         for label, count in counts.items():
             self._stats.incr(label, count)
+
+    def _log_settled(self, outcome: Outcome, state: str) -> None:
+        """One record per written outcome, at the level an error reporter acts on: a dead
+        letter at ERROR, a failed attempt that will be retried at WARNING, both with the
+        handler's exception; other outcomes at INFO, a success at DEBUG."""
+        level = _level(outcome, state)
+        if not logger.isEnabledFor(level):
+            return
+        logger.log(
+            level,
+            "%s: %s -> %s",
+            outcome.task.log_prefix(),
+            outcome.label,
+            state,
+            exc_info=outcome.exc if level >= logging.WARNING else None,
+            extra=self._fields(outcome, state),
+        )
+
+    def _fields(self, outcome: Outcome, state: str | None) -> dict[str, object]:
+        task = outcome.task
+        return task_fields(
+            task,
+            outcome=outcome.label,
+            state=state,
+            duration=round(_duration(outcome), 6),
+            worker=self._worker_id,
+            database=self._alias,
+        )
 
     def _record_late(self, lost: list[Outcome]) -> None:
         """History only: the refused runs still happened (best effort)."""
@@ -310,6 +341,26 @@ class Settler:
                 logger.error("task_settled receiver %r raised %r (ignored)", receiver, result)
 
 
+def _level(outcome: Outcome, state: str) -> int:
+    if state == "failed":  # a dead letter: failed for good
+        return logging.ERROR
+    # A failed attempt that will be retried.
+    if state in ("pending", "scheduled") and outcome.label in (FAILURE, TIMEOUT, LOST):
+        return logging.WARNING
+    if outcome.label == SUCCESS:
+        return logging.DEBUG
+    return logging.INFO
+
+
+def _duration(outcome: Outcome) -> float:
+    """Seconds the attempt ran: the handler's own time when it returned, else from its
+    start (or its claim, if it never started) until now."""
+    if outcome.runtime is not None:
+        return outcome.runtime
+    task = outcome.task
+    return time.monotonic() - (task.started_monotonic or task.received_monotonic)
+
+
 def _row_json(outcome: Outcome) -> str:
     """The outcome's row for the settle statement, encoded once (``_storable`` encodes
     it first; a deferred outcome is written again with the same text)."""
@@ -323,6 +374,13 @@ def _storable(outcome: Outcome) -> Outcome:
     try:
         _row_json(outcome)
     except (TypeError, ValueError) as exc:
+        logger.error(
+            "%s: outcome %s cannot be stored as JSON (%s); failing the task instead",
+            outcome.task.log_prefix(),
+            outcome.label,
+            exc,
+            extra=task_fields(outcome.task, outcome=outcome.label),
+        )
         return outcomes.unrunnable(
             outcome.task,
             "OutcomeNotStorable",

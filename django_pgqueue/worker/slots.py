@@ -16,7 +16,8 @@ import time
 from collections.abc import Callable
 
 from django_pgqueue.worker.claimed import ClaimedTask
-from django_pgqueue.worker.outcomes import Outcome, timed_out
+from django_pgqueue.worker.logging import task_fields
+from django_pgqueue.worker.outcomes import TIMEOUT, Outcome, timed_out
 from django_pgqueue.worker.stats import WorkerStats
 
 logger = logging.getLogger("django_pgqueue.worker")
@@ -155,6 +156,7 @@ class SlotPool:
                         task.id,
                         task.attempt,
                         outcome.label,
+                        extra=task_fields(task, outcome=outcome.label),
                     )
                     self._stats.incr("late_return")
                     return
@@ -203,6 +205,9 @@ class SlotPool:
             slot.number,
             self.written_off,
             self._write_off_limit,
+            extra=task_fields(
+                task, outcome=TIMEOUT, duration=round(now - task.started_monotonic, 6)
+            ),
         )
         self._on_outcome(
             timed_out(

@@ -51,14 +51,15 @@ _READY = b"r"
 def run_child(
     index: int,
     options: dict[str, Any],
-    log_level: str,
+    log_level: str | None,
     metrics_port: int | None,
     ready_fd: int,
+    log_format: str = "text",
 ) -> int:
     """A worker process under the supervisor, started by ``spawn.start_child``."""
     # The name shows in log lines formatted with %(processName)s.
     multiprocessing.current_process().name = f"pgqueue-worker-{index}"
-    configure_logging(log_level)
+    configure_logging(log_level, log_format)
     worker = Worker(WorkerOptions(**options), supervised=True)
     if metrics_port:
         from django_pgqueue.metrics import serve_worker_metrics, watch_worker
@@ -96,8 +97,9 @@ class Supervisor:
         self,
         options: WorkerOptions | list[WorkerOptions],
         processes: int,
-        log_level: str,
+        log_level: str | None,
         metrics_port: int | None = None,
+        log_format: str = "text",
     ) -> None:
         """``processes`` children for each of ``options`` (a list: one per database
         whose queues the command serves, each with its ``database`` and queues)."""
@@ -106,6 +108,7 @@ class Supervisor:
         self.options = groups[0]
         self.processes = processes * len(groups)
         self.log_level = log_level
+        self.log_format = log_format
         self._slots = [
             _Slot(index, group)
             for index, group in enumerate(g for g in groups for _ in range(processes))
@@ -156,6 +159,7 @@ class Supervisor:
                     # Each child serves its own /metrics: port, port + 1, ...
                     "metrics_port": self.metrics_port + slot.index if self.metrics_port else None,
                     "ready_fd": write_fd,
+                    "log_format": self.log_format,
                 },
                 pass_fds=(write_fd,),
             )

@@ -65,7 +65,13 @@ class Sweeper(Periodic):
             },
         )
         for task_id, message in rows:
-            logger.error("sweeper: task %s failed as unroutable: %s", task_id, message)
+            logger.error(
+                "sweeper: task %s failed as unroutable: %s",
+                task_id,
+                message,
+                extra={"task_id": task_id, "outcome": "unroutable", "state": "failed",
+                       "database": self.session.alias},
+            )  # fmt: skip
         self.stats.incr("unroutable_failed", len(rows))
         return len(rows)
 
@@ -74,7 +80,15 @@ class Sweeper(Periodic):
         while True:
             rows = self.session.fetchall("recover_expired_leases", {"limit": BATCH})
             for task_id, state, _ in rows:
-                logger.warning("sweeper: task %s lease expired; now %s", task_id, state)
+                # Failed: the lease lapsed on the last attempt, a dead letter.
+                logger.log(
+                    logging.ERROR if state == "failed" else logging.WARNING,
+                    "sweeper: task %s lease expired; now %s",
+                    task_id,
+                    state,
+                    extra={"task_id": task_id, "outcome": "lost", "state": state,
+                           "database": self.session.alias},
+                )  # fmt: skip
             total += len(rows)
             if len(rows) < BATCH:
                 break

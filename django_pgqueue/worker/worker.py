@@ -29,6 +29,7 @@ from django_pgqueue.worker.connection import CONNECTION_ERRORS, Session, is_pool
 from django_pgqueue.worker.execution import execute
 from django_pgqueue.worker.heartbeat import Heartbeat
 from django_pgqueue.worker.inflight import InFlight
+from django_pgqueue.worker.logging import task_fields
 from django_pgqueue.worker.outcomes import Outcome, expired_before_start, released
 from django_pgqueue.worker.periodic import Fleet
 from django_pgqueue.worker.prefork import DEADLINE_MARGIN, PreforkPool
@@ -284,6 +285,7 @@ class Worker:
             "%s: its lease expired before it could start (this process stalled for longer "
             "than the lease); not running it",
             task.log_prefix(),
+            extra=task_fields(task, outcome="lost", worker=self.worker_id, database=self.alias),
         )
         self.stats.incr("expired_before_start")
         return expired_before_start(task)
@@ -442,6 +444,9 @@ class Worker:
             logger.warning(
                 "%s did not finish within the grace period; releasing its lease",
                 task.log_prefix(),
+                extra=task_fields(
+                    task, outcome="released", worker=self.worker_id, database=self.alias
+                ),
             )
             self.settler.put(released(task))
         self.slots.stop()

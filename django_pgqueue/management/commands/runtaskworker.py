@@ -21,7 +21,7 @@ from django_pgqueue.conf import (
     queues_by_database,
 )
 from django_pgqueue.registry import validate_queue
-from django_pgqueue.worker.logging import configure_logging
+from django_pgqueue.worker.logging import configure_logging, configured_format
 from django_pgqueue.worker.worker import EXIT_RECYCLE, Worker, WorkerOptions
 
 FLAG_SETTINGS = [s for s in SETTINGS if s.flag is not None]
@@ -41,7 +41,10 @@ class Command(BaseCommand):
             "--no-prune", action="store_true", help="do not run retention in this worker"
         )
         parser.add_argument(
-            "--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"]
+            "--log-level",
+            choices=["DEBUG", "INFO", "WARNING", "ERROR"],
+            help="the level of the django_pgqueue loggers, over LOGGING's (default: the "
+            "level LOGGING sets for django_pgqueue, else INFO)",
         )
         parser.add_argument(
             "--database",
@@ -51,7 +54,8 @@ class Command(BaseCommand):
         )
 
     def handle(self, *args, **opts):
-        configure_logging(opts["log_level"])
+        log_format = opts["log_format"] or get_settings().LOG_FORMAT
+        configure_logging(opts["log_level"], log_format)
         opts["queues"] = _queues(opts["queues"])
         options = WorkerOptions.from_settings(
             **{s.option: opts[s.dest] for s in FLAG_SETTINGS if s.option is not None},
@@ -75,7 +79,11 @@ class Command(BaseCommand):
             for group in groups:
                 # A child whose handler overran its ceiling exits at once and is replaced.
                 group.write_off_limit = 1
-            sys.exit(Supervisor(groups, processes, opts["log_level"], metrics_port).run())
+            sys.exit(
+                Supervisor(
+                    groups, processes, opts["log_level"], metrics_port, configured_format()
+                ).run()
+            )
         [options] = groups
         if metrics_port:
             from django_pgqueue.metrics import serve_worker_metrics
