@@ -16,7 +16,7 @@ import json
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from django.db import connections
 
@@ -45,7 +45,9 @@ def get_task(task_id: int, database: str | None = None) -> Task:
         raise TaskDoesNotExist(f"no task with id {task_id!r}") from None
 
 
-def cancel(task_id: int, hard: bool = False, database: str | None = None) -> str | None:
+def cancel(
+    task_id: int, hard: bool = False, database: str | None = None
+) -> Literal["cancelled", "cancel_requested"] | None:
     """Cancel a task. Returns ``"cancelled"`` (it was pending or waiting: done at once),
     ``"cancel_requested"`` (it is running: its handler sees ``context.cancel_requested``
     and its settlement records cancelled), or None (no such task, or already finished).
@@ -64,7 +66,9 @@ def cancel(task_id: int, hard: bool = False, database: str | None = None) -> str
     return "cancel_requested" if row[1] == "running" else "cancelled"
 
 
-def signal(task_id: int, name: str, payload: Any = None, database: str | None = None) -> str | None:
+def signal(
+    task_id: int, name: str, payload: Any = None, database: str | None = None
+) -> Literal["resumed", "stored"] | None:
     """Send the signal ``name`` (with a JSON ``payload``) to a task (docs/workflows.md).
 
     Returns ``"resumed"`` (the task was waiting for this signal: it is pending now, and
