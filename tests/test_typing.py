@@ -9,10 +9,12 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import get_type_hints
 
 import pytest
 
-from django_pgqueue import TaskContext, TaskDefinition, task
+from django_pgqueue import TaskContext, TaskDefinition, queue_overview, task
+from django_pgqueue.operations import QueueOverviewRow
 from django_pgqueue.registry import (
     OPTION_NAMES,
     ContextTaskDefinition,
@@ -20,6 +22,7 @@ from django_pgqueue.registry import (
     UsingOptions,
     registry,
 )
+from tests.factories import TaskFactory
 
 ROOT = Path(__file__).resolve().parent.parent
 TYPECHECK = ROOT / "tests" / "typecheck"
@@ -102,3 +105,15 @@ def test_a_context_task_is_called_directly_with_its_context_first():
         assert isinstance(report.using(priority=1), ContextTaskDefinition)
     finally:
         registry.unregister("typing.context_first")
+
+
+@pytest.mark.django_db
+def test_queue_overview_rows_have_exactly_the_typed_keys():
+    # given a task in the table
+    TaskFactory()
+    # when the overview is read
+    [row] = queue_overview()
+    # then its keys are the typed row's, each value of its declared type
+    declared = get_type_hints(QueueOverviewRow)
+    assert set(row) == set(declared)
+    assert {k: type(v) for k, v in row.items() if not isinstance(v, declared[k])} == {}

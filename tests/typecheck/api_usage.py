@@ -19,6 +19,7 @@ from django_pgqueue import (
     cancel,
     get_task,
     periodic,
+    queue_overview,
     signal,
     task,
 )
@@ -113,6 +114,10 @@ def results() -> None:
     assert_type(get_task(1, database="default"), Task)
     assert_type(cancel(1), Literal["cancelled", "cancel_requested"] | None)
     assert_type(signal(1, "approved", {"by": "ann"}), Literal["resumed", "stored"] | None)
+    [row] = queue_overview()
+    assert_type(row["pending_routable"], int)
+    assert_type(row["oldest_due_seconds"], float | None)
+    row["pending"]  # type: ignore[typeddict-item]  # pyright: ignore[reportGeneralTypeIssues]
 
 
 def wrong_arguments(context: TaskContext) -> None:
@@ -152,3 +157,17 @@ def misspelt_option() -> None: ...
 
 @task(takes_context=True)  # type: ignore[arg-type]  # pyright: ignore[reportArgumentType]
 def context_task_without_context(report_id: int) -> None: ...
+
+
+@task(priority="high")  # type: ignore[call-overload, untyped-decorator]  # pyright: ignore[reportArgumentType]
+def wrongly_typed_option() -> None: ...
+
+
+def context_flag_not_literal(flag: bool) -> None:
+    def handler(report_id: int) -> str:
+        return ""
+
+    # Which parameters enqueue takes depends on the flag: they are not checked.
+    unchecked = task(takes_context=flag)(handler)
+    assert_type(unchecked, TaskDefinition[..., str])
+    assert_type(unchecked.enqueue("anything", at=all), int)
