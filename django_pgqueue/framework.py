@@ -123,7 +123,7 @@ def register(task: Task) -> TaskDefinition:
         if known is not None and known.func is task.func:
             return existing
     conf = get_settings()
-    definition = TaskDefinition(
+    definition: TaskDefinition[..., Any] = TaskDefinition(
         func=_make_handler(task),
         name=name,
         queue=validate_queue(task.queue_name),

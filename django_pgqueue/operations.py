@@ -16,7 +16,7 @@ import json
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal, TypedDict, cast
 
 from django.db import connections
 
@@ -45,7 +45,9 @@ def get_task(task_id: int, database: str | None = None) -> Task:
         raise TaskDoesNotExist(f"no task with id {task_id!r}") from None
 
 
-def cancel(task_id: int, hard: bool = False, database: str | None = None) -> str | None:
+def cancel(
+    task_id: int, hard: bool = False, database: str | None = None
+) -> Literal["cancelled", "cancel_requested"] | None:
     """Cancel a task. Returns ``"cancelled"`` (it was pending or waiting: done at once),
     ``"cancel_requested"`` (it is running: its handler sees ``context.cancel_requested``
     and its settlement records cancelled), or None (no such task, or already finished).
@@ -64,7 +66,9 @@ def cancel(task_id: int, hard: bool = False, database: str | None = None) -> str
     return "cancel_requested" if row[1] == "running" else "cancelled"
 
 
-def signal(task_id: int, name: str, payload: Any = None, database: str | None = None) -> str | None:
+def signal(
+    task_id: int, name: str, payload: Any = None, database: str | None = None
+) -> Literal["resumed", "stored"] | None:
     """Send the signal ``name`` (with a JSON ``payload``) to a task (docs/workflows.md).
 
     Returns ``"resumed"`` (the task was waiting for this signal: it is pending now, and
@@ -126,7 +130,31 @@ def own_pauses(alias: str, using: str | None = None) -> dict[str, dict[str, Any]
     return {queue: pause for queue, pause in found.items() if database_for(queue) == alias}
 
 
-def queue_overview(using: str | None = None) -> list[dict[str, Any]]:
+class QueueOverviewRow(TypedDict):
+    """One row of ``queue_overview()``: the columns of the statement queue_overview
+    (tests/test_typing.py keeps the two in step)."""
+
+    queue: str
+    task_name: str
+    handler_version: int
+    pending_routable: int
+    pending_unroutable: int
+    scheduled: int
+    running: int
+    waiting: int
+    waiting_parents: int
+    waiting_signal: int
+    waiting_child: int
+    failed: int
+    oldest_due_seconds: float | None
+    oldest_running_seconds: float | None
+    completed_5m: int
+    completed_1h: int
+    failed_5m: int
+    failed_1h: int
+
+
+def queue_overview(using: str | None = None) -> list[QueueOverviewRow]:
     """Per (queue, task_name): pending routable / unroutable, scheduled, running,
     waiting (and by what for: waiting_parents, waiting_signal, waiting_child; see
     overview.WAIT_REASONS), failed (dead letters), the age in seconds of the oldest due task
@@ -135,7 +163,8 @@ def queue_overview(using: str | None = None) -> list[dict[str, Any]]:
     such task), and completed_5m / completed_1h / failed_5m / failed_1h (finished in the
     last 5 minutes / hour). Read from the read database unless ``using`` names
     another alias."""
-    return _dicts("queue_overview", {"stale_seconds": get_settings().WORKER_STALE_AFTER}, using)
+    rows = _dicts("queue_overview", {"stale_seconds": get_settings().WORKER_STALE_AFTER}, using)
+    return cast(list[QueueOverviewRow], rows)
 
 
 def _fetchall(query: str, params: dict[str, Any], database: str | None = None) -> list[tuple]:

@@ -17,7 +17,7 @@ import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, overload
+from typing import Any, TypeVar, overload
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from django.core.exceptions import ImproperlyConfigured
@@ -33,6 +33,9 @@ CATCH_UP_LIMIT_MAX = 1000
 # Per-call options that a tick cannot honour: its task is due at its tick, enqueued by
 # a worker, once per tick already.
 _REFUSED_OPTIONS = ("run_at", "delay", "unique_key", "commit_alias")
+
+# @periodic(...) above @task returns the task as it was, parameters and all.
+T = TypeVar("T", bound=TaskDefinition[..., Any])
 
 
 class ScheduleNotDeclared(PgQueueError, LookupError):
@@ -144,7 +147,7 @@ schedule_registry = ScheduleRegistry()
 
 @overload
 def periodic(
-    task: TaskDefinition,
+    task: TaskDefinition[..., Any],
     /,
     *,
     cron: str | None = None,
@@ -169,11 +172,11 @@ def periodic(
     name: str | None = None,
     missed: str = "once",
     catch_up_limit: int = 10,
-) -> Callable[[TaskDefinition], TaskDefinition]: ...
+) -> Callable[[T], T]: ...
 
 
 def periodic(
-    task: TaskDefinition | None = None,
+    task: TaskDefinition[..., Any] | None = None,
     /,
     *,
     cron: str | None = None,

@@ -12,7 +12,19 @@ import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from datetime import datetime
-from typing import TYPE_CHECKING, Any, overload
+from typing import (
+    TYPE_CHECKING,
+    Any,
+    Concatenate,
+    Generic,
+    Literal,
+    ParamSpec,
+    Protocol,
+    TypedDict,
+    TypeVar,
+    Unpack,
+    overload,
+)
 
 from django.core.exceptions import ImproperlyConfigured
 
@@ -22,7 +34,14 @@ from django_pgqueue.payload import check_text, short_repr
 from django_pgqueue.retry import MAX_SECONDS, RetryPolicy
 
 if TYPE_CHECKING:
+    from django_pgqueue.context import TaskContext
     from django_pgqueue.workflows import Step
+
+# A task's parameters (what enqueue, step and a direct call take) and its function's
+# return type (for an async def, the coroutine: what a direct call returns). R is
+# covariant: a task returning int is a task returning object.
+P = ParamSpec("P")
+R = TypeVar("R", covariant=True)
 
 QUEUE_NAME = re.compile(r"[A-Za-z0-9_.:-]{1,100}")
 TASK_NAME_MAX_LENGTH = 255  # the task_name column
@@ -58,6 +77,47 @@ OPTION_NAMES = (
     "after",
     "after_failure",
 )
+
+
+class _HasId(Protocol):
+    """A task result, or anything else naming a task by its ``id``."""
+
+    @property
+    def id(self) -> int: ...
+
+
+class UsingOptions(TypedDict, total=False):
+    """The options of ``using(...)``, for type checkers: one key per name in
+    OPTION_NAMES (tests/test_typing.py keeps the two in step)."""
+
+    queue: str
+    priority: int
+    run_at: datetime | None
+    delay: float
+    unique_key: str | None
+    max_attempts: int
+    timeout: float | None
+    backoff: RetryPolicy | dict[str, float] | float
+    metadata: dict[str, Any]
+    commit_alias: str | None
+    concurrency_key: str | None
+    after: int | _HasId | Iterable[int | _HasId]
+    after_failure: Literal["cancel", "run"]
+
+
+class TaskOptions(TypedDict, total=False):
+    """The options of ``@task(...)`` besides ``takes_context``, for type checkers (the
+    overloads of ``task``; tests/test_typing.py keeps them in step with its signature)."""
+
+    name: str | None
+    queue: str | None
+    priority: int | None
+    max_attempts: int | None
+    backoff: RetryPolicy | dict[str, float] | float | None
+    timeout: float | None
+    version: int
+    concurrency_key: Callable[..., str | None] | None
+    key_concurrency: int | None
 
 
 def validate_queue(queue: Any) -> str:
@@ -182,8 +242,12 @@ class EnqueueOptions:
 
 
 @dataclass(frozen=True, eq=False)
-class TaskDefinition:
-    """A function registered with ``@task``; enqueue it, or call it directly."""
+class TaskDefinition(Generic[P, R]):
+    """A function registered with ``@task``; enqueue it, or call it directly.
+
+    ``TaskDefinition[P, R]``: ``P`` are the arguments its enqueue, step and direct call
+    take, ``R`` what its function returns (docs/tasks.md, "Type checking").
+    """
 
     func: Callable[..., Any]
     name: str
@@ -217,11 +281,16 @@ class TaskDefinition:
             return self.timeout
         return self.options.timeout
 
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        return self.func(*args, **kwargs)
+    def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R:
+        return self.func(*args, **kwargs)  # type: ignore[no-any-return]
 
-    def using(self, **options: Any) -> TaskDefinition:
-        """A copy of this task with per-call options (queue, priority, run_at or delay, ...)."""
+    def using(self, **typed: Unpack[UsingOptions]) -> TaskDefinition[P, R]:
+        """A copy of this task with per-call options (queue, priority, run_at or delay, ...).
+
+        The options are typed (UsingOptions) for type checkers; an unknown one is still
+        a TypeError here, for callers that are not checked.
+        """
+        options: dict[str, Any] = dict(typed)
         unknown = sorted(set(options) - set(OPTION_NAMES))
         if unknown:
             raise TypeError(
@@ -265,33 +334,47 @@ class TaskDefinition:
             raise InvalidTaskError("pass either run_at or delay, not both")
         return replace(self, options=merged)
 
-    def enqueue(self, *args: Any, **kwargs: Any) -> int:
+    def enqueue(self, *args: P.args, **kwargs: P.kwargs) -> int:
         """Insert the task in the current transaction; returns its id."""
         from django_pgqueue.enqueue import enqueue
 
         return enqueue(self, args, kwargs)
 
-    def enqueue_on_commit(self, *args: Any, **kwargs: Any) -> int:
+    def enqueue_on_commit(self, *args: P.args, **kwargs: P.kwargs) -> int:
         """Insert the task when the outermost atomic block commits; returns its id now."""
         from django_pgqueue.enqueue import enqueue_on_commit
 
         return enqueue_on_commit(self, args, kwargs)
 
-    def step(self, *args: Any, **kwargs: Any) -> Step:
+    def step(self, *args: P.args, **kwargs: P.kwargs) -> Step:
         """This call as a step of a workflow (chain, group, chord: workflows.py)."""
         from django_pgqueue.workflows import Step
 
         return Step(self, args, kwargs)
 
-    def enqueue_many(self, calls: Iterable[Any]) -> list[int]:
+    def enqueue_many(
+        self, calls: Iterable[Call | tuple[Any, ...] | dict[str, Any] | object]
+    ) -> list[int]:
         """Insert many tasks in one statement; returns their ids in order.
 
         Each item is a ``tuple`` of positional args, a ``dict`` of keyword args, a
-        ``call(*args, **kwargs)``, or any other value as the single positional arg.
+        ``call(*args, **kwargs)``, or any other value as the single positional arg (so
+        a type checker accepts any item: the items' fit to the function is not checked
+        statically).
         """
         from django_pgqueue.enqueue import enqueue_many
 
         return enqueue_many(self, calls)
+
+
+class ContextTaskDefinition(TaskDefinition[P, R]):
+    """A task declared with ``takes_context=True``: its function takes a TaskContext
+    first, so a direct call passes one, while enqueue and step take only ``P``."""
+
+    def __call__(  # type: ignore[override]
+        self, context: TaskContext, /, *args: P.args, **kwargs: P.kwargs
+    ) -> R:  # pyright: ignore[reportIncompatibleMethodOverride]
+        return self.func(context, *args, **kwargs)  # type: ignore[no-any-return]
 
 
 @dataclass(frozen=True)
@@ -316,10 +399,10 @@ class Registry:
     """
 
     def __init__(self) -> None:
-        self._tasks: dict[str, dict[int, TaskDefinition]] = {}
+        self._tasks: dict[str, dict[int, TaskDefinition[..., Any]]] = {}
         self._lock = threading.Lock()
 
-    def register(self, definition: TaskDefinition) -> None:
+    def register(self, definition: TaskDefinition[..., Any]) -> None:
         with self._lock:
             versions = self._tasks.setdefault(definition.name, {})
             existing = versions.get(definition.version)
@@ -342,7 +425,7 @@ class Registry:
             if not versions:
                 self._tasks.pop(name, None)
 
-    def get(self, name: str, version: int | None = None) -> TaskDefinition:
+    def get(self, name: str, version: int | None = None) -> TaskDefinition[..., Any]:
         """The definition of ``name`` at ``version`` (default: the newest registered)."""
         versions = self._tasks.get(name)
         if versions and version is None:
@@ -366,7 +449,7 @@ class Registry:
     def __contains__(self, name: object) -> bool:
         return name in self._tasks
 
-    def all(self) -> list[TaskDefinition]:
+    def all(self) -> list[TaskDefinition[..., Any]]:
         """Every registered (name, version), by name then version."""
         return [
             definition
@@ -383,23 +466,25 @@ registry = Registry()
 
 
 @overload
-def task(func: Callable[..., Any], /) -> TaskDefinition: ...
+def task(func: Callable[P, R], /) -> TaskDefinition[P, R]: ...
 
 
 @overload
 def task(
-    *,
-    name: str | None = None,
-    queue: str | None = None,
-    priority: int | None = None,
-    max_attempts: int | None = None,
-    backoff: Any = None,
-    timeout: float | None = _TASK_DEFAULT,
-    version: int = 1,
-    takes_context: bool = False,
-    concurrency_key: Callable[..., str | None] | None = None,
-    key_concurrency: int | None = None,
-) -> Callable[[Callable[..., Any]], TaskDefinition]: ...
+    *, takes_context: Literal[False] = False, **options: Unpack[TaskOptions]
+) -> Callable[[Callable[P, R]], TaskDefinition[P, R]]: ...
+
+
+@overload
+def task(
+    *, takes_context: Literal[True], **options: Unpack[TaskOptions]
+) -> Callable[[Callable[Concatenate[TaskContext, P], R]], ContextTaskDefinition[P, R]]: ...
+
+
+@overload
+def task(
+    *, takes_context: bool, **options: Unpack[TaskOptions]
+) -> Callable[[Callable[..., R]], TaskDefinition[..., R]]: ...
 
 
 def task(
@@ -428,7 +513,7 @@ def task(
     across the fleet (docs/limits.md).
     """
 
-    def decorate(fn: Callable[..., Any]) -> TaskDefinition:
+    def decorate(fn: Callable[..., Any]) -> TaskDefinition[..., Any]:
         conf = get_settings()
         if isinstance(version, bool) or not isinstance(version, int):
             raise ImproperlyConfigured(f"task version must be an int, not {version!r}")
@@ -453,7 +538,8 @@ def task(
                 f"not {short_repr(limit)}"
             )
         try:
-            definition = TaskDefinition(
+            kind = ContextTaskDefinition if takes_context else TaskDefinition
+            definition: TaskDefinition[..., Any] = kind(
                 func=fn,
                 name=validate_task_name(_origin(fn) if name is None else name),
                 queue=validate_queue(conf.DEFAULT_QUEUE if queue is None else queue),
