@@ -1,8 +1,10 @@
 """The pytest plugin of django_pgqueue: the ``pgqueue`` fixture (docs/testing.md).
 
 Registered through the ``pytest11`` entry point, so it loads in every pytest run of an
-environment where django-pgqueue is installed: nothing here imports Django or the
-package's models until a test asks for the fixture.
+environment where django-pgqueue is installed, Django project or not. Loading it
+imports the ``django_pgqueue`` package, which reads no settings and no models at
+import; the helpers (and with them the models) are imported when a test asks for the
+fixture.
 """
 
 from __future__ import annotations

@@ -7,6 +7,9 @@ own claim and settle statements."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import traceback
 
 import pytest
@@ -14,7 +17,7 @@ from django.db import transaction
 from django.test import TestCase, TransactionTestCase
 from django.utils import timezone
 
-from django_pgqueue import InvalidTaskError, signal
+from django_pgqueue import InvalidTaskError, pause, resume, signal
 from django_pgqueue.models import Task
 from django_pgqueue.testing import (
     TaskFailed,
@@ -408,6 +411,17 @@ def test_queues_limits_which_queues_run(mode: str) -> None:
 
 
 @BOTH
+def test_a_paused_queue_does_not_run(mode: str) -> None:
+    # Given a report enqueued in a paused queue
+    report = build_report.enqueue("monthly")
+    pause("reports")
+    # Then run_tasks leaves it, as a worker's claim would, until the queue resumes
+    assert len(run_tasks()) == 0
+    resume("reports")
+    assert run_tasks().ids == [report]
+
+
+@BOTH
 def test_an_async_handler_runs_on_the_tests_connection(mode: str) -> None:
     # Given a row the test wrote (inside a TestCase, visible to its connection only)
     Run.objects.create(task_id=0, attempt=0, label="seen", pid=0, started_at=timezone.now())
@@ -499,3 +513,17 @@ class HelpersInATransactionTestCase(TransactionTestCase):
         task_id = charge.enqueue(32)
         self.assertEqual(drain().states, {"scheduled": 2, "failed": 1})
         self.assertEqual(Task.objects.get(pk=task_id).state, "failed")
+
+
+def test_the_plugin_does_not_disturb_a_pytest_run_without_django(tmp_path) -> None:
+    # Given a project without Django settings, in an environment where the plugin loads
+    (tmp_path / "test_plain.py").write_text("def test_plain():\n    assert True\n")
+    env = {k: v for k, v in os.environ.items() if k != "DJANGO_SETTINGS_MODULE"}
+    # When pytest runs there, then the plugin is loaded and the test passes
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--trace-config"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "django_pgqueue.pytest_plugin" in done.stdout
+    assert "1 passed" in done.stdout
