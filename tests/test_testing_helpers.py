@@ -13,8 +13,9 @@ import sys
 import traceback
 
 import pytest
+from django.conf import settings
 from django.db import transaction
-from django.test import TestCase, TransactionTestCase
+from django.test import TestCase, TransactionTestCase, override_settings
 from django.utils import timezone
 
 from django_pgqueue import InvalidTaskError, pause, resume, signal
@@ -29,6 +30,7 @@ from django_pgqueue.testing import (
 )
 from django_pgqueue.testing import runner as runner_module
 from django_pgqueue.workflows import chain, chord
+from tests.settings import TEST_DATABASES
 from tests.tasks import noop, sliced
 from tests.testapp.models import Run
 from tests.testing_tasks import (
@@ -527,3 +529,19 @@ def test_the_plugin_does_not_disturb_a_pytest_run_without_django(tmp_path) -> No
     assert done.returncode == 0, done.stdout + done.stderr
     assert "django_pgqueue.pytest_plugin" in done.stdout
     assert "1 passed" in done.stdout
+
+
+@pytest.mark.django_db(databases=["default", "queue2"])
+def test_helpers_follow_a_queue_to_its_database() -> None:
+    # Given queue "q2" on the second database (PGQUEUE["DATABASES"])
+    pgqueue = {**settings.PGQUEUE, "DATABASES": TEST_DATABASES}
+    with override_settings(PGQUEUE=pgqueue):
+        task_id = remember.using(queue="q2").enqueue("elsewhere")
+        # Then the helpers look for it, and run it, on that database
+        [row] = assert_enqueued(remember, queue="q2")
+        assert row.id == task_id
+        refute_enqueued(remember)  # the task's default queue is on "default"
+        result = run_tasks(queues="q2")
+        assert (result.database, result.ids) == ("queue2", [task_id])
+        assert [t.state for t in result.tasks()] == ["succeeded"]
+        assert len(run_tasks()) == 0  # DATABASE's queues: nothing there

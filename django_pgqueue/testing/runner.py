@@ -119,6 +119,8 @@ class RunResult:
     """What a ``run_tasks`` call ran, in order."""
 
     runs: list[TaskRun] = field(default_factory=list)
+    # The alias of the table the tasks ran from.
+    database: str = "default"
 
     def __len__(self) -> int:
         return len(self.runs)
@@ -138,12 +140,12 @@ class RunResult:
         """Runs by the state their settlement wrote: ``result.states["failed"]``..."""
         return Counter(run.state for run in self.runs)
 
-    def tasks(self, database: str | None = None) -> list[Task]:
+    def tasks(self) -> list[Task]:
         """The rows of the tasks run, as they are now, by id."""
         from django_pgqueue.models import Task
 
-        alias = database or get_setting("DATABASE")
-        return list(Task.objects.using(alias).filter(id__in=set(self.ids)).order_by("id"))
+        rows = Task.objects.using(self.database).filter(id__in=set(self.ids))
+        return list(rows.order_by("id"))
 
 
 def run_tasks(
@@ -174,7 +176,7 @@ def run_tasks(
     connection = connections[alias]
     routes = [(d.name, d.version) for d in registry.all()]
     limit = RUN_LIMIT if max_tasks is None else max_tasks
-    result = RunResult()
+    result = RunResult(database=alias)
     while len(result) < limit:
         task = _claim_one(connection, names, routes, scheduled)
         if task is None:
