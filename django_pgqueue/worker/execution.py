@@ -60,17 +60,26 @@ def make_context(task: ClaimedTask, database: str) -> TaskContext:
     return context
 
 
-def execute(task: ClaimedTask, database: str, async_runner: AsyncRunner | None) -> Outcome:
+def execute(
+    task: ClaimedTask,
+    database: str,
+    async_runner: AsyncRunner | None,
+    *,
+    recycle_connections: bool = True,
+) -> Outcome:
     """Run the handler of ``task`` and return the outcome to settle. Never raises.
 
     While it runs, log records name this execution (``logging.ExecutionFilter``).
+    ``recycle_connections=False`` leaves the thread's connections alone around the
+    handler (django_pgqueue.testing runs handlers on a test's own connection, inside
+    its transaction); the worker always recycles them.
     """
     if async_runner is not None and _is_async(task):
         # On the runner's loop, as an async slot runs it (in process mode's children).
         return async_runner.result(execute_async(task, database))
     marker = current_lease.set(task)
     try:
-        return _execute(task, database)
+        return _execute(task, database, recycle_connections)
     finally:
         current_lease.reset(marker)
 
@@ -82,12 +91,13 @@ def _is_async(task: ClaimedTask) -> bool:
         return False  # _execute reports it
 
 
-def _execute(task: ClaimedTask, database: str) -> Outcome:
+def _execute(task: ClaimedTask, database: str, recycle_connections: bool = True) -> Outcome:
     prepared = _prepare(task, database)
     if isinstance(prepared, Outcome):
         return prepared
     definition, call_args = prepared
-    close_old_connections()
+    if recycle_connections:
+        close_old_connections()
     started = time.monotonic()
     try:
         result = _invoke(definition, task, call_args)
@@ -95,13 +105,16 @@ def _execute(task: ClaimedTask, database: str) -> Outcome:
     except BaseException as exc:  # SystemExit from a handler must not kill its slot
         return _raised(task, definition, call_args, exc)
     finally:
-        close_old_connections()
+        if recycle_connections:
+            close_old_connections()
 
 
-async def execute_async(task: ClaimedTask, database: str) -> Outcome:
+async def execute_async(
+    task: ClaimedTask, database: str, *, recycle_connections: bool = True
+) -> Outcome:
     """``execute`` for an ``async def`` handler awaited on the worker's event loop (an
     async slot, see async_slots.py): the same outcomes, the timeout by ``wait_for``.
-    Never raises."""
+    Never raises. ``recycle_connections``: as for ``execute``."""
     marker = current_lease.set(task)
     try:
         prepared = _prepare(task, database)
@@ -110,7 +123,8 @@ async def execute_async(task: ClaimedTask, database: str) -> Outcome:
         definition, call_args = prepared
         # Async handlers reach the ORM through sync_to_async, whose connections live in
         # asgiref's thread: recycle those like a request would.
-        await sync_to_async(close_old_connections)()
+        if recycle_connections:
+            await sync_to_async(close_old_connections)()
         started = time.monotonic()
         try:
             coro = definition.func(*call_args, **task.kwargs)
@@ -129,7 +143,8 @@ async def execute_async(task: ClaimedTask, database: str) -> Outcome:
         except BaseException as exc:
             return _raised(task, definition, call_args, exc)
         finally:
-            await sync_to_async(close_old_connections)()
+            if recycle_connections:
+                await sync_to_async(close_old_connections)()
     except BaseException as exc:  # a bug above must not lose the task: fail the attempt
         logger.exception("%s: the async slot failed", task.log_prefix())
         return outcomes.failed(task, outcomes.error_entry(task, exc))
