@@ -1,0 +1,147 @@
+"""OpenTelemetry spans for enqueues and executions (docs/tracing.md).
+
+On whenever ``opentelemetry-api`` can be imported (``pip install django-pgqueue[otel]``):
+the library calls the OpenTelemetry API itself, as the OpenTelemetry project asks of
+libraries, and the API does nothing until the project configures an SDK. When it
+cannot be imported, ``producer`` and ``consumer`` return the functions they are given
+unchanged, so nothing is imported and nothing is paid.
+
+- A PRODUCER span ``enqueue <task name>`` (``enqueue_many``, ``enqueue_on_commit``)
+  around each enqueue call. It is current while the row is built, so the
+  ``traceparent`` that enqueue stores in ``metadata`` is this span's.
+- A CONSUMER span ``process <task name>`` around each attempt in the worker, a child
+  of the span of the enqueue (the ``traceparent`` of ``metadata``), current while the
+  middleware and the handler run.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any
+
+try:
+    from opentelemetry import propagate, trace
+    from opentelemetry.trace import SpanKind, Status, StatusCode
+except ImportError:
+    trace = None
+
+if TYPE_CHECKING:
+    from django_pgqueue.registry import TaskDefinition
+    from django_pgqueue.worker.claimed import ClaimedTask
+    from django_pgqueue.worker.outcomes import Outcome
+
+ENABLED = trace is not None
+SYSTEM = "django_pgqueue"
+# The outcome labels (worker/outcomes.py) that mark a span as an error: the attempt
+# failed (and will be retried, or dead-letters), timed out, or lost its lease.
+ERROR_OUTCOMES = frozenset({"failure", "timeout", "lost"})
+_TRACE_KEYS = ("traceparent", "tracestate")
+
+# A ProxyTracer until the project sets a TracerProvider, then the project's tracer.
+_tracer: Any = trace.get_tracer("django_pgqueue") if ENABLED else None
+
+
+def producer(operation: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``fn(definition, ...)`` (an enqueue returning an id, (id, enqueued_at), or a
+    list of ids) in a PRODUCER span named ``<operation> <task name>``; ``fn`` itself
+    without OpenTelemetry."""
+    if not ENABLED:
+        return fn
+
+    @functools.wraps(fn)
+    def traced(definition: TaskDefinition, *args: Any) -> Any:
+        attributes = {
+            "messaging.system": SYSTEM,
+            "messaging.destination.name": definition.options.queue or definition.queue,
+            "messaging.operation.type": "send",
+            "messaging.operation.name": operation,
+            "messaging.operation": "publish",
+            "django_pgqueue.task.name": definition.name,
+        }
+        with _tracer.start_as_current_span(
+            f"{operation} {definition.name}", kind=SpanKind.PRODUCER, attributes=attributes
+        ) as span:
+            result = fn(definition, *args)
+            if span.is_recording():
+                if isinstance(result, list):
+                    span.set_attribute("messaging.batch.message_count", len(result))
+                else:
+                    task_id = result[0] if isinstance(result, tuple) else result
+                    span.set_attribute("messaging.message.id", str(task_id))
+            return result
+
+    return traced
+
+
+def consumer(fn: Callable[[ClaimedTask, str], Outcome]) -> Callable[[ClaimedTask, str], Outcome]:
+    """A sync ``fn(task, database) -> Outcome`` in a CONSUMER span; ``fn`` itself
+    without OpenTelemetry."""
+    if not ENABLED:
+        return fn
+
+    @functools.wraps(fn)
+    def traced(task: ClaimedTask, database: str) -> Outcome:
+        with _process_span(task, database) as span:
+            outcome = fn(task, database)
+            _ended(span, outcome)
+            return outcome
+
+    return traced
+
+
+def aconsumer(
+    fn: Callable[[ClaimedTask, str], Awaitable[Outcome]],
+) -> Callable[[ClaimedTask, str], Awaitable[Outcome]]:
+    """``consumer`` for ``async def fn(task, database) -> Outcome``."""
+    if not ENABLED:
+        return fn
+
+    @functools.wraps(fn)
+    async def traced(task: ClaimedTask, database: str) -> Outcome:
+        with _process_span(task, database) as span:
+            outcome = await fn(task, database)
+            _ended(span, outcome)
+            return outcome
+
+    return traced
+
+
+def _process_span(task: ClaimedTask, database: str) -> Any:
+    # Parse the metadata only when it holds a trace context: most rows carry none.
+    parent = None
+    if task.metadata_json and "traceparent" in task.metadata_json:
+        metadata = task.metadata
+        if isinstance(metadata, dict):
+            carrier = {k: metadata[k] for k in _TRACE_KEYS if isinstance(metadata.get(k), str)}
+            parent = propagate.extract(carrier)
+    return _tracer.start_as_current_span(
+        f"process {task.task_name}",
+        context=parent,
+        kind=SpanKind.CONSUMER,
+        attributes={
+            "messaging.system": SYSTEM,
+            "messaging.destination.name": task.queue,
+            "messaging.operation.type": "process",
+            "messaging.operation.name": "process",
+            "messaging.operation": "process",
+            "messaging.message.id": str(task.id),
+            "django_pgqueue.task.name": task.task_name,
+            "django_pgqueue.task.attempt": task.attempt,
+            "django_pgqueue.database": database,
+        },
+    )
+
+
+def _ended(span: Any, outcome: Outcome) -> None:
+    """The outcome on the span; an error status and the exception when it failed."""
+    if not span.is_recording():
+        return
+    span.set_attribute("django_pgqueue.task.outcome", outcome.label)
+    span.set_attribute("django_pgqueue.task.state", outcome.state)
+    if outcome.label not in ERROR_OUTCOMES:
+        return
+    if outcome.exc is not None:
+        span.record_exception(outcome.exc)
+    message = (outcome.error or {}).get("message") or outcome.label
+    span.set_status(Status(StatusCode.ERROR, message))
