@@ -22,7 +22,13 @@ from typing import TYPE_CHECKING, Any
 
 try:
     from opentelemetry import propagate, trace
-    from opentelemetry.trace import SpanKind, Status, StatusCode
+    from opentelemetry.trace import (
+        NoOpTracerProvider,
+        ProxyTracerProvider,
+        SpanKind,
+        Status,
+        StatusCode,
+    )
 except ImportError:
     trace = None
 
@@ -40,6 +46,16 @@ _TRACE_KEYS = ("traceparent", "tracestate")
 
 # A ProxyTracer until the project sets a TracerProvider, then the project's tracer.
 _tracer: Any = trace.get_tracer("django_pgqueue") if ENABLED else None
+# The API's own providers: no SDK is configured, every span would be a no-op.
+_NO_SDK = (ProxyTracerProvider, NoOpTracerProvider) if ENABLED else ()
+
+
+def _active_tracer() -> Any:
+    """The tracer, or None while no SDK is configured: then the spans are skipped, not
+    made as no-ops (a no-op span still costs its context switches)."""
+    if isinstance(trace.get_tracer_provider(), _NO_SDK):
+        return None
+    return _tracer
 
 
 def producer(operation: str, fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -51,15 +67,17 @@ def producer(operation: str, fn: Callable[..., Any]) -> Callable[..., Any]:
 
     @functools.wraps(fn)
     def traced(definition: TaskDefinition, *args: Any) -> Any:
+        tracer = _active_tracer()
+        if tracer is None:
+            return fn(definition, *args)
         attributes = {
             "messaging.system": SYSTEM,
             "messaging.destination.name": definition.options.queue or definition.queue,
             "messaging.operation.type": "send",
             "messaging.operation.name": operation,
-            "messaging.operation": "publish",
             "django_pgqueue.task.name": definition.name,
         }
-        with _tracer.start_as_current_span(
+        with tracer.start_as_current_span(
             f"{operation} {definition.name}", kind=SpanKind.PRODUCER, attributes=attributes
         ) as span:
             result = fn(definition, *args)
@@ -82,7 +100,10 @@ def consumer(fn: Callable[[ClaimedTask, str], Outcome]) -> Callable[[ClaimedTask
 
     @functools.wraps(fn)
     def traced(task: ClaimedTask, database: str) -> Outcome:
-        with _process_span(task, database) as span:
+        tracer = _active_tracer()
+        if tracer is None:
+            return fn(task, database)
+        with _process_span(tracer, task) as span:
             outcome = fn(task, database)
             _ended(span, outcome)
             return outcome
@@ -99,7 +120,10 @@ def aconsumer(
 
     @functools.wraps(fn)
     async def traced(task: ClaimedTask, database: str) -> Outcome:
-        with _process_span(task, database) as span:
+        tracer = _active_tracer()
+        if tracer is None:
+            return await fn(task, database)
+        with _process_span(tracer, task) as span:
             outcome = await fn(task, database)
             _ended(span, outcome)
             return outcome
@@ -107,7 +131,7 @@ def aconsumer(
     return traced
 
 
-def _process_span(task: ClaimedTask, database: str) -> Any:
+def _process_span(tracer: Any, task: ClaimedTask) -> Any:
     # Parse the metadata only when it holds a trace context: most rows carry none.
     parent = None
     if task.metadata_json and "traceparent" in task.metadata_json:
@@ -115,7 +139,8 @@ def _process_span(task: ClaimedTask, database: str) -> Any:
         if isinstance(metadata, dict):
             carrier = {k: metadata[k] for k in _TRACE_KEYS if isinstance(metadata.get(k), str)}
             parent = propagate.extract(carrier)
-    return _tracer.start_as_current_span(
+    # Few attributes: the SDK pays for each one on every attempt.
+    return tracer.start_as_current_span(
         f"process {task.task_name}",
         context=parent,
         kind=SpanKind.CONSUMER,
@@ -124,11 +149,9 @@ def _process_span(task: ClaimedTask, database: str) -> Any:
             "messaging.destination.name": task.queue,
             "messaging.operation.type": "process",
             "messaging.operation.name": "process",
-            "messaging.operation": "process",
             "messaging.message.id": str(task.id),
             "django_pgqueue.task.name": task.task_name,
             "django_pgqueue.task.attempt": task.attempt,
-            "django_pgqueue.database": database,
         },
     )
 

@@ -31,7 +31,8 @@ def exporter(monkeypatch) -> InMemorySpanExporter:
     exporter = InMemorySpanExporter()
     provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(exporter))
-    monkeypatch.setattr(tracing, "_tracer", provider.get_tracer("tests"))
+    tracer = provider.get_tracer("tests")
+    monkeypatch.setattr(tracing, "_active_tracer", lambda: tracer)
     return exporter
 
 
@@ -69,7 +70,6 @@ def test_enqueue_is_a_producer_span_with_the_messaging_attributes(exporter):
         "messaging.destination.name": "other",
         "messaging.operation.type": "send",
         "messaging.operation.name": "enqueue",
-        "messaging.operation": "publish",
         "messaging.message.id": str(task_id),
         "django_pgqueue.task.name": tasks.noop.name,
     }
@@ -139,11 +139,9 @@ def test_each_execution_is_a_consumer_span_child_of_the_enqueues(
         "messaging.destination.name": "default",
         "messaging.operation.type": "process",
         "messaging.operation.name": "process",
-        "messaging.operation": "process",
         "messaging.message.id": str(task_id),
         "django_pgqueue.task.name": getattr(tasks, task_name).name,
         "django_pgqueue.task.attempt": 1,
-        "django_pgqueue.database": "default",
         "django_pgqueue.task.outcome": "success",
         "django_pgqueue.task.state": "succeeded",
     }
