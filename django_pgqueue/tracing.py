@@ -101,21 +101,21 @@ def producer(operation: str, fn: Callable[..., Any]) -> Callable[..., Any]:
     return traced
 
 
-def consumer(fn: Callable[[ClaimedTask, str], Outcome]) -> Callable[[ClaimedTask, str], Outcome]:
-    """A sync ``fn(task, database) -> Outcome`` in a CONSUMER span; ``fn`` itself
+def consumer(fn: Callable[..., Outcome]) -> Callable[..., Outcome]:
+    """A sync ``fn(task, database, ...) -> Outcome`` in a CONSUMER span; ``fn`` itself
     without OpenTelemetry."""
     if not ENABLED:
         return fn
 
     @functools.wraps(fn)
-    def traced(task: ClaimedTask, database: str) -> Outcome:
+    def traced(task: ClaimedTask, database: str, *args: Any, **kwargs: Any) -> Outcome:
         tracer = _active_tracer()
         if tracer is None:
-            return fn(task, database)
+            return fn(task, database, *args, **kwargs)
         span = _process_span(tracer, task)
         token = otel_context.attach(trace.set_span_in_context(span))
         try:
-            outcome = fn(task, database)
+            outcome = fn(task, database, *args, **kwargs)
             _ended(span, outcome)
             return outcome
         finally:
@@ -125,22 +125,20 @@ def consumer(fn: Callable[[ClaimedTask, str], Outcome]) -> Callable[[ClaimedTask
     return traced
 
 
-def aconsumer(
-    fn: Callable[[ClaimedTask, str], Awaitable[Outcome]],
-) -> Callable[[ClaimedTask, str], Awaitable[Outcome]]:
-    """``consumer`` for ``async def fn(task, database) -> Outcome``."""
+def aconsumer(fn: Callable[..., Awaitable[Outcome]]) -> Callable[..., Awaitable[Outcome]]:
+    """``consumer`` for ``async def fn(task, database, ...) -> Outcome``."""
     if not ENABLED:
         return fn
 
     @functools.wraps(fn)
-    async def traced(task: ClaimedTask, database: str) -> Outcome:
+    async def traced(task: ClaimedTask, database: str, *args: Any, **kwargs: Any) -> Outcome:
         tracer = _active_tracer()
         if tracer is None:
-            return await fn(task, database)
+            return await fn(task, database, *args, **kwargs)
         span = _process_span(tracer, task)
         token = otel_context.attach(trace.set_span_in_context(span))
         try:
-            outcome = await fn(task, database)
+            outcome = await fn(task, database, *args, **kwargs)
             _ended(span, outcome)
             return outcome
         finally:
