@@ -429,6 +429,7 @@ def drain(
     async_claims: bool = False,
     limits: bool = False,
     enqueue: Callable[[], None] | None = None,
+    env: dict[str, str] | None = None,
 ) -> dict[str, Any]:
     """Pre-enqueue, start worker process(es), time until ``total`` tasks settled.
 
@@ -439,6 +440,7 @@ def drain(
     ``limits``: the queue has a concurrency and a rate limit that never bind (W2a-limits).
     ``enqueue``: writes the ``total`` tasks instead of a backlog of no-ops (W9's chord and
     chain).
+    ``env``: more environment for the workers (benchmarks/settings.py reads it).
 
     The rate is measured on the database's clock: from the first claim (the earliest
     started_at) to the settlement of the ``total``-th task (its finished_at), so the
@@ -474,6 +476,7 @@ def drain(
                         if limits
                         else {}
                     ),
+                    **(env or {}),
                 }
                 or None,
             )
@@ -883,7 +886,9 @@ def main(argv: list[str] | None = None) -> int:
         "--only",
         help="comma-separated workloads: W1,W2,W3,W4,W5,W6,W7,W8,W9,W10; also W2a (W2's "
         "1-process drain alone), W2a-process (the same drain with --execution process) and "
-        "W2a-async (with ASYNC_CLAIMS), W2a-limits (with limits that do not bind); W9 is "
+        "W2a-async (with ASYNC_CLAIMS), W2a-limits (with limits that do not bind), "
+        "W2a-middleware (one no-op task middleware), W2a-otel (OpenTelemetry's SDK against "
+        "no opentelemetry); W9 is "
         "waiting work: a chord's fan-in against a plain drain, and a chain",
     )
     parser.add_argument(
@@ -987,6 +992,27 @@ def main(argv: list[str] | None = None) -> int:
             f"W2a drain {n:,}, 1 process, ASYNC_CLAIMS (opt-in)",
             "tasks/s",
             ratio_to="w2a",
+        ),
+        "w2a_middleware": Row(
+            "w2a_middleware",
+            f"W2a drain {n:,}, 1 process, one no-op task middleware",
+            "tasks/s",
+            ratio_to="w2a",
+            target=">= 0.95x W2a",
+            check=lambda v, r: r >= 0.95,
+        ),
+        "w2a_no_otel": Row(
+            "w2a_no_otel",
+            f"W2a drain {n:,}, 1 process, opentelemetry not importable",
+            "tasks/s",
+        ),
+        "w2a_otel": Row(
+            "w2a_otel",
+            f"W2a drain {n:,}, 1 process, OpenTelemetry SDK (no exporter)",
+            "tasks/s",
+            ratio_to="w2a_no_otel",
+            target=">= 0.9x without",
+            check=lambda v, r: r >= 0.9,
         ),
         "w3_idle_others": Row(
             "w3_idle_others",
@@ -1144,6 +1170,14 @@ def main(argv: list[str] | None = None) -> int:
         if "W2A-ASYNC" in only:
             d = drain(n, 1, async_claims=True)
             record("w2a_async", d["rate"], d)
+        if "W2A-MIDDLEWARE" in only:
+            d = drain(n, 1, env={"PGQUEUE_BENCH_MIDDLEWARE": "1"})
+            record("w2a_middleware", d["rate"], d)
+        if "W2A-OTEL" in only:
+            d = drain(n, 1, env={"PGQUEUE_BENCH_OTEL": "off"})
+            record("w2a_no_otel", d["rate"], d)
+            d = drain(n, 1, env={"PGQUEUE_BENCH_OTEL": "sdk"})
+            record("w2a_otel", d["rate"], d)
         if "W3" in only:
             d = w3_idle_others(500)
             record("w3_idle_others", d["per_enqueue"], d)

@@ -69,6 +69,22 @@ PGQUEUE = {
     else {},
 }
 
+# W2a-middleware: one no-op task middleware (benchmarks/middleware.py).
+if os.environ.get("PGQUEUE_BENCH_MIDDLEWARE") == "1":
+    PGQUEUE["MIDDLEWARE"] = ["benchmarks.middleware.Passthrough"]
+# W2a-otel: "sdk" sets up OpenTelemetry's SDK (a TracerProvider without an exporter, so
+# every span is recorded and dropped); "off" makes opentelemetry unimportable, as if it
+# were not installed (docs/tracing.md).
+if os.environ.get("PGQUEUE_BENCH_OTEL") == "sdk":
+    from opentelemetry import trace
+    from opentelemetry.sdk.trace import TracerProvider
+
+    trace.set_tracer_provider(TracerProvider())
+elif os.environ.get("PGQUEUE_BENCH_OTEL") == "off":
+    import sys
+
+    sys.modules["opentelemetry"] = None
+
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,

@@ -57,6 +57,8 @@ def check_settings(app_configs, **kwargs):
             parse_limits(project["QUEUE_LIMITS"])
         except ValueError as exc:
             messages.append(Error(str(exc), hint="See docs/limits.md.", id="django_pgqueue.E020"))
+    if "MIDDLEWARE" in project and "MIDDLEWARE" not in invalid:
+        messages.extend(_check_middleware(project["MIDDLEWARE"]))
     conf = get_settings()
     if "DATABASE" not in invalid:
         messages.extend(_check_database("PGQUEUE['DATABASE']", conf.DATABASE, "task database"))
@@ -80,6 +82,25 @@ def check_settings(app_configs, **kwargs):
                 id="django_pgqueue.W002",
             )
         )
+    return messages
+
+
+def _check_middleware(paths: list[str]) -> list[Error]:
+    """Each path of PGQUEUE['MIDDLEWARE'] imports a TaskMiddleware subclass."""
+    from django_pgqueue.middleware import problem
+
+    messages = []
+    for path in paths:
+        wrong = problem(path)
+        if wrong is not None:
+            messages.append(
+                Error(
+                    f"PGQUEUE['MIDDLEWARE']: {wrong}",
+                    hint="Each entry is the dotted path of a subclass of "
+                    "django_pgqueue.middleware.TaskMiddleware; see docs/middleware.md.",
+                    id="django_pgqueue.E040",
+                )
+            )
     return messages
 
 

@@ -141,6 +141,12 @@ SETTINGS: tuple[Setting, ...] = (
         "Extra modules imported at startup so that their @task functions are registered "
         "(each installed app's tasks module is imported anyway).",
     ),
+    Setting(
+        "MIDDLEWARE", [], list,
+        "Dotted paths of TaskMiddleware classes, ordered like Django's MIDDLEWARE (the "
+        "first is the outermost): hooks around every enqueue and every execution, "
+        "loaded once per process (docs/middleware.md).",
+    ),
     # -- task defaults: read when @task runs, copied onto each row at enqueue -----------
     Setting(
         "DEFAULT_QUEUE", "default", str,

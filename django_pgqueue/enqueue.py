@@ -6,16 +6,18 @@ Validation happens before any SQL runs, so bad input raises and writes nothing.
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from django.conf import settings
 from django.db import connections, transaction
 from django.utils import timezone
 
+from django_pgqueue import tracing
 from django_pgqueue.conf import database_for
 from django_pgqueue.exceptions import InvalidTaskError, TransactionDatabaseError
+from django_pgqueue.middleware import before_enqueue
 from django_pgqueue.payload import check_json, check_text, dumps
 from django_pgqueue.registry import Call
 from django_pgqueue.sql import QUERIES
@@ -203,6 +205,27 @@ def _insert_after(alias: str, row: dict[str, Any]) -> tuple[int, datetime]:
     )
 
 
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+def _enqueuing(operation: str) -> Callable[[_F], _F]:
+    """An enqueue function, with the enqueue hooks of PGQUEUE['MIDDLEWARE'] applied to
+    the task first (middleware.py), and the call in a producer span when OpenTelemetry
+    is installed (tracing.py)."""
+
+    def decorate(fn: _F) -> _F:
+        traced = tracing.producer(operation, fn)
+
+        @functools.wraps(fn)
+        def call(definition: TaskDefinition, *args: Any) -> Any:
+            return traced(before_enqueue(definition), *args)
+
+        return call  # type: ignore[return-value]
+
+    return decorate
+
+
+@_enqueuing("enqueue")
 def insert(definition: TaskDefinition, args: Any, kwargs: dict[str, Any]) -> tuple[int, datetime]:
     """Like ``enqueue``, also returning the row's enqueued_at (the database's clock)."""
     row = build_row(definition, args, kwargs)
@@ -215,6 +238,7 @@ def enqueue(definition: TaskDefinition, args: Any, kwargs: dict[str, Any]) -> in
     return insert(definition, args, kwargs)[0]
 
 
+@_enqueuing("enqueue_on_commit")
 def enqueue_on_commit(definition: TaskDefinition, args: Any, kwargs: dict[str, Any]) -> int:
     """Reserve the id now, INSERT when the outermost atomic block commits.
 
@@ -244,6 +268,7 @@ def _split_call(item: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
     return (item,), {}
 
 
+@_enqueuing("enqueue_many")
 def enqueue_many(definition: TaskDefinition, calls: Iterable[Any]) -> list[int]:
     """All calls in one INSERT ... SELECT statement; returns the ids in input order.
 

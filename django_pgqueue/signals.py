@@ -1,5 +1,14 @@
 """Signals sent by the worker.
 
+``task_started`` is sent by the worker just before a task's handler runs (before the
+execution hooks of PGQUEUE['MIDDLEWARE']), for every task, native or enqueued through
+Django's Tasks framework (which also gets the framework's own ``task_started``):
+``sender`` is the TaskDefinition, with keyword arguments ``task_id``, ``attempt``,
+``queue`` and ``database``. Receivers run on the handler's thread (for an ``async def``
+handler, through ``sync_to_async`` unless they are ``async def`` themselves) and add to
+the task's time: keep them short; an exception in a receiver is logged and does not
+affect the task. Nothing is paid while it has no receivers.
+
 ``task_settled`` is sent by the settler after an outcome has been written (and only
 then): ``sender`` is the TaskDefinition, with keyword arguments ``task_id``,
 ``attempt``, ``outcome`` (success, failure, timeout, cancelled, continued, snoozed,
@@ -16,3 +25,4 @@ task.
 from django.dispatch import Signal
 
 task_settled = Signal()
+task_started = Signal()

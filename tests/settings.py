@@ -145,3 +145,13 @@ if os.environ.get("PGQUEUE_TEST_SENTRY_EVENTS"):
     from tests import sentry_capture
 
     sentry_capture.init()
+# tests/test_middleware.py: the task middleware of the workers it starts (comma-separated
+# dotted paths), and the module of its middleware, tasks and task_started receivers.
+PGQUEUE["TASK_MODULES"].append("tests.middleware_fixtures")
+if os.environ.get("PGQUEUE_TEST_MIDDLEWARE"):
+    PGQUEUE["MIDDLEWARE"] = os.environ["PGQUEUE_TEST_MIDDLEWARE"].split(",")
+# tests/test_tracing.py: OpenTelemetry in the workers it starts, its spans written to a file.
+if os.environ.get("PGQUEUE_TEST_SPANS"):
+    from tests import span_capture
+
+    span_capture.init()

@@ -83,7 +83,10 @@ class ClaimedTask:
 
     @property
     def metadata(self) -> dict[str, Any]:
-        return json.loads(self.metadata_json) if self.metadata_json else {}
+        # Most rows carry none: "{}" is not worth a parse on every context built.
+        if not self.metadata_json or self.metadata_json == "{}":
+            return {}
+        return json.loads(self.metadata_json)
 
     @property
     def signals(self) -> dict[str, Any]:

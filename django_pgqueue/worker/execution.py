@@ -16,6 +16,7 @@ from typing import Any
 from asgiref.sync import sync_to_async
 from django.db import close_old_connections
 
+from django_pgqueue import middleware, tracing
 from django_pgqueue.context import TaskContext
 from django_pgqueue.exceptions import (
     _UNSET,
@@ -30,6 +31,7 @@ from django_pgqueue.exceptions import (
 )
 from django_pgqueue.payload import check_json, check_stored_call
 from django_pgqueue.registry import TaskDefinition, registry
+from django_pgqueue.signals import task_started
 from django_pgqueue.worker import outcomes
 from django_pgqueue.worker.asyncio_runner import AsyncRunner
 from django_pgqueue.worker.claimed import ClaimedTask
@@ -91,6 +93,7 @@ def _is_async(task: ClaimedTask) -> bool:
         return False  # _execute reports it
 
 
+@tracing.consumer
 def _execute(task: ClaimedTask, database: str, recycle_connections: bool = True) -> Outcome:
     prepared = _prepare(task, database)
     if isinstance(prepared, Outcome):
@@ -98,6 +101,8 @@ def _execute(task: ClaimedTask, database: str, recycle_connections: bool = True)
     definition, call_args = prepared
     if recycle_connections:
         close_old_connections()
+    if task_started.receivers:
+        _send_started(definition, task, database)
     started = time.monotonic()
     try:
         result = _invoke(definition, task, call_args)
@@ -109,6 +114,7 @@ def _execute(task: ClaimedTask, database: str, recycle_connections: bool = True)
             close_old_connections()
 
 
+@tracing.aconsumer
 async def execute_async(
     task: ClaimedTask, database: str, *, recycle_connections: bool = True
 ) -> Outcome:
@@ -125,9 +131,15 @@ async def execute_async(
         # asgiref's thread: recycle those like a request would.
         if recycle_connections:
             await sync_to_async(close_old_connections)()
+        if task_started.receivers:
+            await _asend_started(definition, task, database)
         started = time.monotonic()
         try:
-            coro = definition.func(*call_args, **task.kwargs)
+            chain = middleware.stack().aexecute
+            if chain is None:
+                coro = definition.func(*call_args, **task.kwargs)
+            else:
+                coro = chain(task.context, lambda: definition.func(*call_args, **task.kwargs))
             remaining = None
             if task.deadline_monotonic is not None:
                 remaining = max(0.0, task.deadline_monotonic - time.monotonic())
@@ -164,7 +176,31 @@ def _prepare(task: ClaimedTask, database: str) -> tuple[TaskDefinition, list[Any
     if definition.takes_context:
         task.context = make_context(task, database)
         return definition, [task.context, *task.args]
+    if middleware.stack().wraps_execution:  # the hooks see the attempt's context
+        task.context = make_context(task, database)
     return definition, task.args
+
+
+def _send_started(definition: TaskDefinition, task: ClaimedTask, database: str) -> None:
+    _log_failed_receivers(
+        task_started.send_robust(
+            definition, task_id=task.id, attempt=task.attempt, queue=task.queue, database=database
+        )
+    )
+
+
+async def _asend_started(definition: TaskDefinition, task: ClaimedTask, database: str) -> None:
+    _log_failed_receivers(
+        await task_started.asend_robust(
+            definition, task_id=task.id, attempt=task.attempt, queue=task.queue, database=database
+        )
+    )
+
+
+def _log_failed_receivers(results: list[tuple[Any, Any]]) -> None:
+    for receiver, result in results:
+        if isinstance(result, Exception):
+            logger.error("task_started receiver %r raised %r (ignored)", receiver, result)
 
 
 def _succeeded(task: ClaimedTask, result: Any, runtime: float) -> Outcome:
@@ -226,7 +262,11 @@ def _raised(
 def _invoke(definition: TaskDefinition, task: ClaimedTask, call_args: list[Any]) -> Any:
     if definition.is_async:  # async slots (or the child's loop) run these
         raise RuntimeError("async task without an event loop")
-    result = definition.func(*call_args, **task.kwargs)
+    chain = middleware.stack().execute
+    if chain is None:
+        result = definition.func(*call_args, **task.kwargs)
+    else:
+        result = chain(task.context, lambda: definition.func(*call_args, **task.kwargs))
     if inspect.isawaitable(result):  # a sync wrapper around a coroutine function
         raise InvalidTaskError(f"task {definition.name!r} returned an awaitable; use async def")
     return result

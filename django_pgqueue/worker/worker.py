@@ -18,6 +18,7 @@ from functools import partial
 
 from django_pgqueue.conf import SETTINGS, database_for, get_settings
 from django_pgqueue.limits import queue_limits
+from django_pgqueue.middleware import stack as middleware_stack
 from django_pgqueue.periodic import schedule_registry
 from django_pgqueue.registry import registry
 from django_pgqueue.sql import QUERIES
@@ -104,6 +105,7 @@ class Worker:
         self.stats = WorkerStats()
         self.inflight = InFlight()
         definitions = registry.all()
+        middleware_stack()  # PGQUEUE['MIDDLEWARE'], imported once, before any task runs
         self.routes = [(d.name, d.version) for d in definitions]
         # EXECUTION = "process": each slot's handlers run in a child process (prefork.py).
         self.pool = (

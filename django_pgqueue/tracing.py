@@ -1,0 +1,192 @@
+"""OpenTelemetry spans for enqueues and executions (docs/tracing.md).
+
+On whenever ``opentelemetry-api`` can be imported (``pip install django-pgqueue[otel]``):
+the library calls the OpenTelemetry API itself, as the OpenTelemetry project asks of
+libraries. While the project configures no SDK (no TracerProvider is set), no span is
+made. When it cannot be imported, ``producer`` and ``consumer`` return the functions
+they are given unchanged, so nothing is imported and nothing is paid.
+
+- A PRODUCER span ``enqueue <task name>`` (``enqueue_many``, ``enqueue_on_commit``)
+  around each enqueue call. It is current while the row is built, so the
+  ``traceparent`` that enqueue stores in ``metadata`` is this span's.
+- A CONSUMER span ``process <task name>`` around each attempt in the worker, a child
+  of the span of the enqueue (the ``traceparent`` of ``metadata``), current while the
+  middleware and the handler run.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any
+
+try:
+    from opentelemetry import context as otel_context
+    from opentelemetry import propagate, trace
+    from opentelemetry.trace import (
+        NoOpTracerProvider,
+        ProxyTracerProvider,
+        SpanKind,
+        Status,
+        StatusCode,
+    )
+except ImportError:
+    trace = None
+
+if TYPE_CHECKING:
+    from django_pgqueue.registry import TaskDefinition
+    from django_pgqueue.worker.claimed import ClaimedTask
+    from django_pgqueue.worker.outcomes import Outcome
+
+ENABLED = trace is not None
+SYSTEM = "django_pgqueue"
+# The outcome labels (worker/outcomes.py) that mark a span as an error: the attempt
+# failed (and will be retried, or dead-letters), timed out, or lost its lease.
+ERROR_OUTCOMES = frozenset({"failure", "timeout", "lost"})
+_TRACE_KEYS = ("traceparent", "tracestate")
+
+# A ProxyTracer until the project sets a TracerProvider, then the project's tracer.
+_tracer: Any = trace.get_tracer("django_pgqueue") if ENABLED else None
+# The API's own providers: no SDK is configured, every span would be a no-op.
+_NO_SDK = (ProxyTracerProvider, NoOpTracerProvider) if ENABLED else ()
+
+
+def _active_tracer() -> Any:
+    """The tracer, or None while no SDK is configured: then the spans are skipped, not
+    made as no-ops (a no-op span still costs its context switches)."""
+    if isinstance(trace.get_tracer_provider(), _NO_SDK):
+        return None
+    return _tracer
+
+
+def producer(operation: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``fn(definition, ...)`` (an enqueue returning an id, (id, enqueued_at), or a
+    list of ids) in a PRODUCER span named ``<operation> <task name>``; ``fn`` itself
+    without OpenTelemetry."""
+    if not ENABLED:
+        return fn
+
+    @functools.wraps(fn)
+    def traced(definition: TaskDefinition, *args: Any) -> Any:
+        tracer = _active_tracer()
+        if tracer is None:
+            return fn(definition, *args)
+        attributes = {
+            "messaging.system": SYSTEM,
+            "messaging.destination.name": definition.options.queue or definition.queue,
+            "messaging.operation.type": "send",
+            "messaging.operation.name": operation,
+            "django_pgqueue.task.name": definition.name,
+        }
+        span = tracer.start_span(
+            f"{operation} {definition.name}", kind=SpanKind.PRODUCER, attributes=attributes
+        )
+        token = otel_context.attach(trace.set_span_in_context(span))
+        try:
+            result = fn(definition, *args)
+        except BaseException as exc:
+            _failed(span, exc, f"{type(exc).__name__}: {exc}")
+            raise
+        else:
+            if isinstance(result, list):
+                span.set_attribute("messaging.batch.message_count", len(result))
+            else:
+                task_id = result[0] if isinstance(result, tuple) else result
+                span.set_attribute("messaging.message.id", str(task_id))
+            return result
+        finally:
+            otel_context.detach(token)
+            span.end()
+
+    return traced
+
+
+def consumer(fn: Callable[..., Outcome]) -> Callable[..., Outcome]:
+    """A sync ``fn(task, database, ...) -> Outcome`` in a CONSUMER span; ``fn`` itself
+    without OpenTelemetry."""
+    if not ENABLED:
+        return fn
+
+    @functools.wraps(fn)
+    def traced(task: ClaimedTask, database: str, *args: Any, **kwargs: Any) -> Outcome:
+        tracer = _active_tracer()
+        if tracer is None:
+            return fn(task, database, *args, **kwargs)
+        span = _process_span(tracer, task)
+        token = otel_context.attach(trace.set_span_in_context(span))
+        try:
+            outcome = fn(task, database, *args, **kwargs)
+            _ended(span, outcome)
+            return outcome
+        finally:
+            otel_context.detach(token)
+            span.end()
+
+    return traced
+
+
+def aconsumer(fn: Callable[..., Awaitable[Outcome]]) -> Callable[..., Awaitable[Outcome]]:
+    """``consumer`` for ``async def fn(task, database, ...) -> Outcome``."""
+    if not ENABLED:
+        return fn
+
+    @functools.wraps(fn)
+    async def traced(task: ClaimedTask, database: str, *args: Any, **kwargs: Any) -> Outcome:
+        tracer = _active_tracer()
+        if tracer is None:
+            return await fn(task, database, *args, **kwargs)
+        span = _process_span(tracer, task)
+        token = otel_context.attach(trace.set_span_in_context(span))
+        try:
+            outcome = await fn(task, database, *args, **kwargs)
+            _ended(span, outcome)
+            return outcome
+        finally:
+            otel_context.detach(token)
+            span.end()
+
+    return traced
+
+
+def _process_span(tracer: Any, task: ClaimedTask) -> Any:
+    # Parse the metadata only when it holds a trace context: most rows carry none.
+    parent = None
+    if task.metadata_json and "traceparent" in task.metadata_json:
+        metadata = task.metadata
+        if isinstance(metadata, dict):
+            carrier = {k: metadata[k] for k in _TRACE_KEYS if isinstance(metadata.get(k), str)}
+            parent = propagate.extract(carrier)
+    # Few attributes: the SDK pays for each one on every attempt. The span is made
+    # current by hand (attach, detach): start_as_current_span's context manager costs
+    # a fifth of the span.
+    return tracer.start_span(
+        f"process {task.task_name}",
+        context=parent,
+        kind=SpanKind.CONSUMER,
+        attributes={
+            "messaging.system": SYSTEM,
+            "messaging.destination.name": task.queue,
+            "messaging.operation.type": "process",
+            "messaging.operation.name": "process",
+            "messaging.message.id": str(task.id),
+            "django_pgqueue.task.name": task.task_name,
+            "django_pgqueue.task.attempt": task.attempt,
+        },
+    )
+
+
+def _ended(span: Any, outcome: Outcome) -> None:
+    """The outcome on the span; an error status and the exception when it failed."""
+    if not span.is_recording():
+        return
+    span.set_attribute("django_pgqueue.task.outcome", outcome.label)
+    span.set_attribute("django_pgqueue.task.state", outcome.state)
+    if outcome.label not in ERROR_OUTCOMES:
+        return
+    _failed(span, outcome.exc, (outcome.error or {}).get("message") or outcome.label)
+
+
+def _failed(span: Any, exc: BaseException | None, message: str) -> None:
+    if exc is not None:
+        span.record_exception(exc)
+    span.set_status(Status(StatusCode.ERROR, message))
