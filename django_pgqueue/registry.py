@@ -19,7 +19,7 @@ from django.core.exceptions import ImproperlyConfigured
 from django_pgqueue.conf import get_settings
 from django_pgqueue.exceptions import InvalidTaskError, TaskNotRegistered
 from django_pgqueue.payload import check_text, short_repr
-from django_pgqueue.retry import MAX_SECONDS, RetryPolicy
+from django_pgqueue.retry import MAX_SECONDS, RetryPolicy, exception_names
 
 if TYPE_CHECKING:
     from django_pgqueue.workflows import Step
@@ -57,6 +57,8 @@ OPTION_NAMES = (
     "concurrency_key",
     "after",
     "after_failure",
+    "retry_on",
+    "discard_on",
 )
 
 
@@ -130,6 +132,14 @@ def validate_backoff(value: Any) -> RetryPolicy:
         raise InvalidTaskError(f"invalid backoff: {exc}") from exc
 
 
+def validate_exceptions(value: Any, option: str) -> tuple[str, ...]:
+    """retry_on= / discard_on=: exception classes, kept as their names (retry.py)."""
+    try:
+        return exception_names(value, option)
+    except ValueError as exc:
+        raise InvalidTaskError(str(exc)) from exc
+
+
 # What a dependent does when a parent ends failed or cancelled.
 AFTER_FAILURE = ("cancel", "run")
 
@@ -179,6 +189,9 @@ class EnqueueOptions:
     # what a parent that failed or was cancelled does to it ("cancel" or "run").
     after: tuple[int, ...] = ()
     after_failure: str = "cancel"
+    # Exception rules (docs/tasks.md, "Retrying by exception"), as exception names.
+    retry_on: tuple[str, ...] | None = None
+    discard_on: tuple[str, ...] | None = None
 
 
 @dataclass(frozen=True, eq=False)
@@ -200,6 +213,10 @@ class TaskDefinition:
     # concurrency_key(*args, **kwargs). None: the task is not limited by key.
     concurrency_key: Callable[..., str | None] | None = None
     key_concurrency: int | None = None
+    # Which exceptions retry (None: all) and which fail at once, as exception names
+    # (module.qualname); frozen on each row at enqueue.
+    retry_on: tuple[str, ...] | None = None
+    discard_on: tuple[str, ...] = ()
 
     @property
     def is_async(self) -> bool:
@@ -250,6 +267,9 @@ class TaskDefinition:
             )
         if "after" in options:
             options["after"] = validate_after(options["after"])
+        for rule in ("retry_on", "discard_on"):
+            if options.get(rule) is not None:
+                options[rule] = validate_exceptions(options[rule], rule)
         if "after_failure" in options and options["after_failure"] not in AFTER_FAILURE:
             raise InvalidTaskError(
                 f"after_failure must be one of {', '.join(map(repr, AFTER_FAILURE))}, "
@@ -399,6 +419,8 @@ def task(
     takes_context: bool = False,
     concurrency_key: Callable[..., str | None] | None = None,
     key_concurrency: int | None = None,
+    retry_on: type[BaseException] | tuple[type[BaseException], ...] | None = None,
+    discard_on: type[BaseException] | tuple[type[BaseException], ...] = (),
 ) -> Callable[[Callable[..., Any]], TaskDefinition]: ...
 
 
@@ -416,6 +438,8 @@ def task(
     takes_context: bool = False,
     concurrency_key: Callable[..., str | None] | None = None,
     key_concurrency: int | None = None,
+    retry_on: type[BaseException] | tuple[type[BaseException], ...] | None = None,
+    discard_on: type[BaseException] | tuple[type[BaseException], ...] = (),
 ) -> Any:
     """Register a function as a task: ``@task`` or ``@task(queue="emails", ...)``.
 
@@ -425,7 +449,9 @@ def task(
     With ``takes_context=True`` the function receives a TaskContext as its first argument.
     ``concurrency_key`` (a function of the task's arguments returning a string or None)
     and ``key_concurrency`` (default 1) limit how many tasks of one key run at once
-    across the fleet (docs/limits.md).
+    across the fleet (docs/limits.md). ``discard_on`` (exception classes) fails the task
+    at once when its handler raises one of them; with ``retry_on``, only those retry
+    and any other exception fails at once (docs/tasks.md, "Retrying by exception").
     """
 
     def decorate(fn: Callable[..., Any]) -> TaskDefinition:
@@ -469,6 +495,8 @@ def task(
                 takes_context=takes_context,
                 concurrency_key=concurrency_key,
                 key_concurrency=limit,
+                retry_on=None if retry_on is None else validate_exceptions(retry_on, "retry_on"),
+                discard_on=validate_exceptions(discard_on, "discard_on"),
             )
         except InvalidTaskError as exc:
             raise InvalidTaskError(f"@task on {_origin(fn)}: {exc}") from exc

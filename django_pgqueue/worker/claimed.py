@@ -74,7 +74,7 @@ class ClaimedTask:
 
     # Rarely needed columns arrive as JSON text and are parsed on first use.
     @property
-    def retry_policy(self) -> dict[str, float]:
+    def retry_policy(self) -> dict[str, Any]:
         return json.loads(self.retry_policy_json) if self.retry_policy_json else {}
 
     @property
