@@ -88,6 +88,7 @@ def build_row(
     metadata = check_json({**_trace_context(), **opts.metadata}, "metadata")
     backoff = opts.backoff or definition.backoff
     retry_on = definition.retry_on if opts.retry_on is None else opts.retry_on
+    expires = definition.expires if opts.expires is None else opts.expires
     discard_on = definition.discard_on if opts.discard_on is None else opts.discard_on
     concurrency_key = opts.concurrency_key
     if concurrency_key is None and definition.concurrency_key is not None and key_per_call:
@@ -114,6 +115,9 @@ def build_row(
         "concurrency_key": _check_key(concurrency_key, "concurrency_key"),
         "after": list(opts.after),
         "proceed": opts.after_failure == "run",
+        # Expiry: a time, or seconds after the enqueue statement (the database's clock).
+        "expires_at": expires if isinstance(expires, datetime) else None,
+        "expires": None if isinstance(expires, datetime) else _interval(expires),
     }
 
 

@@ -11,10 +11,12 @@ import re
 import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, overload
 
+from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
+from django.utils import timezone
 
 from django_pgqueue.conf import get_settings
 from django_pgqueue.exceptions import InvalidTaskError, TaskNotRegistered
@@ -59,6 +61,7 @@ OPTION_NAMES = (
     "after_failure",
     "retry_on",
     "discard_on",
+    "expires",
 )
 
 
@@ -132,6 +135,30 @@ def validate_backoff(value: Any) -> RetryPolicy:
         raise InvalidTaskError(f"invalid backoff: {exc}") from exc
 
 
+def validate_expires(value: Any, *, datetime_allowed: bool = True) -> float | datetime:
+    """expires=: seconds after the enqueue (a number or a timedelta, > 0), or an aware
+    datetime (per call only)."""
+    if isinstance(value, datetime):
+        if not datetime_allowed:
+            raise InvalidTaskError(
+                f"expires must be a number of seconds here, not the datetime {value.isoformat()}: "
+                "a fixed time belongs to one call, .using(expires=...)"
+            )
+        if settings.USE_TZ and timezone.is_naive(value):
+            raise InvalidTaskError(
+                f"expires {value.isoformat()} is a naive datetime while USE_TZ = True; "
+                "pass an aware datetime (e.g. django.utils.timezone.now() + timedelta(...))"
+            )
+        return value
+    seconds = value.total_seconds() if isinstance(value, timedelta) else value
+    if not _is_number(seconds) or not 0 < seconds <= MAX_SECONDS:
+        raise InvalidTaskError(
+            f"expires must be a number of seconds (or a timedelta) > 0 and at most "
+            f"{MAX_SECONDS:.0f} (10 years), or an aware datetime; not {short_repr(value)}"
+        )
+    return float(seconds)
+
+
 def validate_exceptions(value: Any, option: str) -> tuple[str, ...]:
     """retry_on= / discard_on=: exception classes, kept as their names (retry.py)."""
     try:
@@ -192,6 +219,8 @@ class EnqueueOptions:
     # Exception rules (docs/tasks.md, "Retrying by exception"), as exception names.
     retry_on: tuple[str, ...] | None = None
     discard_on: tuple[str, ...] | None = None
+    # Expiry (docs/tasks.md): seconds after the enqueue, or a datetime.
+    expires: float | datetime | None = None
 
 
 @dataclass(frozen=True, eq=False)
@@ -217,6 +246,8 @@ class TaskDefinition:
     # (module.qualname); frozen on each row at enqueue.
     retry_on: tuple[str, ...] | None = None
     discard_on: tuple[str, ...] = ()
+    # Seconds after its enqueue by which a task must have started (None: no expiry).
+    expires: float | None = None
 
     @property
     def is_async(self) -> bool:
@@ -270,6 +301,8 @@ class TaskDefinition:
         for rule in ("retry_on", "discard_on"):
             if options.get(rule) is not None:
                 options[rule] = validate_exceptions(options[rule], rule)
+        if options.get("expires") is not None:
+            options["expires"] = validate_expires(options["expires"])
         if "after_failure" in options and options["after_failure"] not in AFTER_FAILURE:
             raise InvalidTaskError(
                 f"after_failure must be one of {', '.join(map(repr, AFTER_FAILURE))}, "
@@ -283,6 +316,7 @@ class TaskDefinition:
             )
         if merged.run_at is not None and merged.delay is not None:
             raise InvalidTaskError("pass either run_at or delay, not both")
+        _check_expires_after_start(merged, self.expires)
         return replace(self, options=merged)
 
     def enqueue(self, *args: Any, **kwargs: Any) -> int:
@@ -312,6 +346,27 @@ class TaskDefinition:
         from django_pgqueue.enqueue import enqueue_many
 
         return enqueue_many(self, calls)
+
+
+def _check_expires_after_start(options: EnqueueOptions, default: float | None) -> None:
+    """Refuse an expiry that surely comes before the task is due (compared only in like
+    terms: a datetime with run_at, seconds with delay): it could never start."""
+    expires, run_at = default if options.expires is None else options.expires, options.run_at
+    if (
+        isinstance(expires, datetime)
+        and isinstance(run_at, datetime)
+        and timezone.is_aware(expires) == timezone.is_aware(run_at)
+        and expires <= run_at
+    ):
+        raise InvalidTaskError(
+            f"expires {expires.isoformat()} is not after run_at {run_at.isoformat()}: "
+            "the task could never start"
+        )
+    if _is_number(expires) and options.delay is not None and expires <= options.delay:
+        raise InvalidTaskError(
+            f"expires {expires:g}s is not longer than delay {options.delay:g}s: the task "
+            "could never start"
+        )
 
 
 @dataclass(frozen=True)
@@ -421,6 +476,7 @@ def task(
     key_concurrency: int | None = None,
     retry_on: type[BaseException] | tuple[type[BaseException], ...] | None = None,
     discard_on: type[BaseException] | tuple[type[BaseException], ...] = (),
+    expires: float | timedelta | None = None,
 ) -> Callable[[Callable[..., Any]], TaskDefinition]: ...
 
 
@@ -440,6 +496,7 @@ def task(
     key_concurrency: int | None = None,
     retry_on: type[BaseException] | tuple[type[BaseException], ...] | None = None,
     discard_on: type[BaseException] | tuple[type[BaseException], ...] = (),
+    expires: float | timedelta | None = None,
 ) -> Any:
     """Register a function as a task: ``@task`` or ``@task(queue="emails", ...)``.
 
@@ -452,6 +509,8 @@ def task(
     across the fleet (docs/limits.md). ``discard_on`` (exception classes) fails the task
     at once when its handler raises one of them; with ``retry_on``, only those retry
     and any other exception fails at once (docs/tasks.md, "Retrying by exception").
+    ``expires`` (seconds) is the default expiry: a task not started that long after
+    its enqueue never starts (docs/tasks.md, "Expiry").
     """
 
     def decorate(fn: Callable[..., Any]) -> TaskDefinition:
@@ -497,6 +556,9 @@ def task(
                 key_concurrency=limit,
                 retry_on=None if retry_on is None else validate_exceptions(retry_on, "retry_on"),
                 discard_on=validate_exceptions(discard_on, "discard_on"),
+                expires=(
+                    None if expires is None else validate_expires(expires, datetime_allowed=False)
+                ),
             )
         except InvalidTaskError as exc:
             raise InvalidTaskError(f"@task on {_origin(fn)}: {exc}") from exc

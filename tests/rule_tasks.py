@@ -64,3 +64,13 @@ def too_slow_discarded(context: TaskContext) -> None:
 def too_slow_retry_on(context: TaskContext) -> None:
     _record(context)
     time.sleep(5)
+@task(takes_context=True)
+def expiring(context: TaskContext, label: str = "") -> str:
+    _record(context, label)
+    return label
+
+
+@task(takes_context=True, expires=3600)
+def expiring_by_default(context: TaskContext, label: str = "") -> str:
+    _record(context, label)
+    return label
