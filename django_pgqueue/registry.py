@@ -474,9 +474,6 @@ def task(
     takes_context: bool = False,
     concurrency_key: Callable[..., str | None] | None = None,
     key_concurrency: int | None = None,
-    retry_on: type[BaseException] | tuple[type[BaseException], ...] | None = None,
-    discard_on: type[BaseException] | tuple[type[BaseException], ...] = (),
-    expires: float | timedelta | None = None,
 ) -> Callable[[Callable[..., Any]], TaskDefinition]: ...
 
 
