@@ -527,6 +527,7 @@ class TaskAdmin(admin.ModelAdmin):
         "attempts",
         "priority",
         "run_at",
+        "expires_at",
         "age",
     )
     list_display_links = ("id", "task_name")
@@ -594,6 +595,7 @@ class TaskAdmin(admin.ModelAdmin):
                 "fields": (
                     "enqueued_at",
                     "run_at",
+                    "expires_at",
                     "started_at",
                     "last_attempted_at",
                     "finished_at",
@@ -752,10 +754,12 @@ class TaskAdmin(admin.ModelAdmin):
         if obj.wait_until is None:
             return "never (no timeout)"
         left = (obj.wait_until - timezone.now()).total_seconds()
+        # A row waiting for its parents waits until its expiry (expires_at) at most.
+        end = "cancels it (expired)" if obj.wait_reason == "parents" else "wakes it"
         note = (
             f"in {humanize_seconds(left)}"
             if left >= 0
-            else f"passed {humanize_seconds(-left)} ago: the next stage of its queue wakes it"
+            else f"passed {humanize_seconds(-left)} ago: the next stage of its queue {end}"
         )
         return format_html("{} ({})", obj.wait_until.isoformat(timespec="seconds"), note)
 

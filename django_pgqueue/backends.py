@@ -6,7 +6,7 @@
         "default": {
             "BACKEND": "django_pgqueue.backends.PgQueueBackend",
             "QUEUES": ["default", "emails"],
-            "OPTIONS": {"max_attempts": 5, "backoff": {"base": 10}, "timeout": 60},
+            "OPTIONS": {"max_attempts": 5, "backoff": {"base": 10}, "timeout": 60, "expires": 3600},
         }
     }
 
@@ -40,13 +40,14 @@ from django_pgqueue.conf import database_for, get_settings, queue_databases
 from django_pgqueue.enqueue import insert as insert_row
 from django_pgqueue.registry import (
     validate_backoff,
+    validate_expires,
     validate_max_attempts,
     validate_queue,
     validate_timeout,
 )
 from django_pgqueue.retry import RetryPolicy
 
-OPTION_NAMES = ("max_attempts", "backoff", "timeout")
+OPTION_NAMES = ("max_attempts", "backoff", "timeout", "expires")
 _MAX_ID = 2**63 - 1
 
 
@@ -55,7 +56,9 @@ class PgQueueBackend(BaseTaskBackend):
 
     ``OPTIONS`` (all optional; defaults from ``PGQUEUE``): ``max_attempts``,
     ``backoff`` (a number of seconds or a dict of base/factor/cap/jitter) and
-    ``timeout`` (seconds per attempt), applied to every task enqueued through it.
+    ``timeout`` (seconds per attempt) and ``expires`` (seconds after the enqueue by
+    which a task must have started, else it never starts), applied to every task
+    enqueued through it.
     """
 
     supports_defer = True
@@ -84,6 +87,10 @@ class PgQueueBackend(BaseTaskBackend):
             )
             self.timeout: float | None = validate_timeout(
                 options.get("timeout", conf.DEFAULT_TIMEOUT)
+            )
+            expires = options.get("expires")
+            self.expires: float | None = (
+                None if expires is None else validate_expires(expires, datetime_allowed=False)
             )
         except queue_errors.InvalidTaskError as exc:
             raise InvalidTaskBackendError(f"TASKS[{alias!r}]: {exc}") from exc
@@ -115,6 +122,7 @@ class PgQueueBackend(BaseTaskBackend):
             max_attempts=self.max_attempts,
             backoff=self.backoff,
             timeout=self.timeout,
+            expires=self.expires,
             metadata={framework.MARKER: {"backend": self.alias, "run_after": run_after}},
         )
         try:

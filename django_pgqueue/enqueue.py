@@ -56,9 +56,19 @@ _NO_DELAY = timedelta(0)
 
 
 @functools.lru_cache(maxsize=256)
-def _policy_json(policy: RetryPolicy) -> str:
-    """A retry policy's JSON: the same few policies are written on every enqueue."""
-    return dumps(policy.as_dict())
+def _policy_json(
+    policy: RetryPolicy,
+    retry_on: tuple[str, ...] | None = None,
+    discard_on: tuple[str, ...] = (),
+) -> str:
+    """A retry policy's JSON, with the exception rules (by name) when the task has any:
+    the same few policies are written on every enqueue."""
+    stored: dict[str, Any] = policy.as_dict()
+    if retry_on is not None:
+        stored["retry_on"] = list(retry_on)
+    if discard_on:
+        stored["discard_on"] = list(discard_on)
+    return dumps(stored)
 
 
 def _interval(seconds: float | None) -> timedelta | None:
@@ -79,6 +89,9 @@ def build_row(
     unique_key = _check_unique_key(opts.unique_key)
     metadata = check_json({**_trace_context(), **opts.metadata}, "metadata")
     backoff = opts.backoff or definition.backoff
+    retry_on = definition.retry_on if opts.retry_on is None else opts.retry_on
+    expires = definition.expires if opts.expires is None else opts.expires
+    discard_on = definition.discard_on if opts.discard_on is None else opts.discard_on
     concurrency_key = opts.concurrency_key
     if concurrency_key is None and definition.concurrency_key is not None and key_per_call:
         concurrency_key = _key_of(definition, args, kwargs)
@@ -97,13 +110,16 @@ def build_row(
         # is past by the database's); one already due is staged at the next claim.
         "state": "scheduled" if run_at is not None or opts.delay else "pending",
         "max_attempts": opts.max_attempts or definition.max_attempts,
-        "retry_policy": _policy_json(backoff),
+        "retry_policy": _policy_json(backoff, retry_on, discard_on),
         "timeout": _interval(definition.call_timeout),
         "unique_key": unique_key,
         "metadata": dumps(metadata),
         "concurrency_key": _check_key(concurrency_key, "concurrency_key"),
         "after": list(opts.after),
         "proceed": opts.after_failure == "run",
+        # Expiry: a time, or seconds after the enqueue statement (the database's clock).
+        "expires_at": expires if isinstance(expires, datetime) else None,
+        "expires": None if isinstance(expires, datetime) else _interval(expires),
     }
 
 

@@ -87,6 +87,11 @@ class WorkerShutdown(PgQueueError):
     """Recorded (never raised) when a worker shut down during a task's final attempt."""
 
 
+class Expired(PgQueueError):
+    """Recorded (never raised) when a task had not started by its expiry (``expires``):
+    it was cancelled instead of started."""
+
+
 class RecordedError(PgQueueError):
     """Stands in, in ``task_finished``'s exception, for a task's exception whose class
     this process has not imported (a row never makes this process import a module)."""
@@ -97,6 +102,7 @@ class RecordedError(PgQueueError):
 _RECORDED_TYPES = {
     "LeaseExpired": f"{__name__}.LeaseExpired",
     "WorkerShutdown": f"{__name__}.WorkerShutdown",
+    "Expired": f"{__name__}.Expired",
     "TimeoutError": "builtins.TimeoutError",
     "Cancelled": "django_pgqueue.exceptions.Cancelled",
 }

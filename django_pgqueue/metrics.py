@@ -110,6 +110,12 @@ class WorkerMetrics:
             "handed to them: a segfault, os._exit, the OOM killer",
             registry=registry,
         )
+        self.expired = Counter(
+            "pgqueue_tasks_expired_total",
+            "Tasks this process's claims and stager ended cancelled because they expired "
+            "before they started",
+            registry=registry,
+        )
         self.pruned = Counter(
             "pgqueue_tasks_pruned_total",
             "Terminal tasks deleted by this process's retention",
@@ -146,6 +152,7 @@ class WorkerMetrics:
             "handler_processes_killed": self.handler_processes_killed,
             "handler_processes_died": self.handler_processes_died,
             "pruned": self.pruned,
+            "expired": self.expired,
         }
         for label in OUTCOME_LABELS:
             self.outcomes.labels(outcome=label)  # export zeros, so rate() sees the start

@@ -84,6 +84,10 @@ class Task(models.Model):
     wake = models.JSONField(null=True, blank=True)
     # Some task waits for this one: its end runs the pgqueue_release_dependents trigger.
     has_dependents = models.BooleanField(db_default=False)
+    # Expiry (docs/tasks.md): a task that has not started by then never starts; the
+    # claim or the stager ends it cancelled, with an Expired error. NULL: never expires.
+    # A row waiting for its parents waits until then at most (wait_until).
+    expires_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         db_table = "pgqueue_task"

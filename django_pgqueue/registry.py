@@ -11,7 +11,7 @@ import re
 import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import (
     TYPE_CHECKING,
     Any,
@@ -26,12 +26,14 @@ from typing import (
     overload,
 )
 
+from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
+from django.utils import timezone
 
 from django_pgqueue.conf import get_settings
 from django_pgqueue.exceptions import InvalidTaskError, TaskNotRegistered
 from django_pgqueue.payload import check_text, short_repr
-from django_pgqueue.retry import MAX_SECONDS, RetryPolicy
+from django_pgqueue.retry import MAX_SECONDS, RetryPolicy, exception_names
 
 if TYPE_CHECKING:
     from django_pgqueue.context import TaskContext
@@ -76,6 +78,9 @@ OPTION_NAMES = (
     "concurrency_key",
     "after",
     "after_failure",
+    "retry_on",
+    "discard_on",
+    "expires",
 )
 
 
@@ -103,6 +108,9 @@ class UsingOptions(TypedDict, total=False):
     concurrency_key: str | None
     after: int | _HasId | Iterable[int | _HasId]
     after_failure: Literal["cancel", "run"]
+    retry_on: type[BaseException] | tuple[type[BaseException], ...] | None
+    discard_on: type[BaseException] | tuple[type[BaseException], ...] | None
+    expires: float | timedelta | datetime | None
 
 
 class TaskOptions(TypedDict, total=False):
@@ -118,6 +126,9 @@ class TaskOptions(TypedDict, total=False):
     version: int
     concurrency_key: Callable[..., str | None] | None
     key_concurrency: int | None
+    retry_on: type[BaseException] | tuple[type[BaseException], ...] | None
+    discard_on: type[BaseException] | tuple[type[BaseException], ...]
+    expires: float | timedelta | None
 
 
 def validate_queue(queue: Any) -> str:
@@ -190,6 +201,38 @@ def validate_backoff(value: Any) -> RetryPolicy:
         raise InvalidTaskError(f"invalid backoff: {exc}") from exc
 
 
+def validate_expires(value: Any, *, datetime_allowed: bool = True) -> float | datetime:
+    """expires=: seconds after the enqueue (a number or a timedelta, > 0), or an aware
+    datetime (per call only)."""
+    if isinstance(value, datetime):
+        if not datetime_allowed:
+            raise InvalidTaskError(
+                f"expires must be a number of seconds here, not the datetime {value.isoformat()}: "
+                "a fixed time belongs to one call, .using(expires=...)"
+            )
+        if settings.USE_TZ and timezone.is_naive(value):
+            raise InvalidTaskError(
+                f"expires {value.isoformat()} is a naive datetime while USE_TZ = True; "
+                "pass an aware datetime (e.g. django.utils.timezone.now() + timedelta(...))"
+            )
+        return value
+    seconds = value.total_seconds() if isinstance(value, timedelta) else value
+    if not _is_number(seconds) or not 0 < seconds <= MAX_SECONDS:
+        raise InvalidTaskError(
+            f"expires must be a number of seconds (or a timedelta) > 0 and at most "
+            f"{MAX_SECONDS:.0f} (10 years), or an aware datetime; not {short_repr(value)}"
+        )
+    return float(seconds)
+
+
+def validate_exceptions(value: Any, option: str) -> tuple[str, ...]:
+    """retry_on= / discard_on=: exception classes, kept as their names (retry.py)."""
+    try:
+        return exception_names(value, option)
+    except ValueError as exc:
+        raise InvalidTaskError(str(exc)) from exc
+
+
 # What a dependent does when a parent ends failed or cancelled.
 AFTER_FAILURE = ("cancel", "run")
 
@@ -239,6 +282,11 @@ class EnqueueOptions:
     # what a parent that failed or was cancelled does to it ("cancel" or "run").
     after: tuple[int, ...] = ()
     after_failure: str = "cancel"
+    # Exception rules (docs/tasks.md, "Retrying by exception"), as exception names.
+    retry_on: tuple[str, ...] | None = None
+    discard_on: tuple[str, ...] | None = None
+    # Expiry (docs/tasks.md): seconds after the enqueue, or a datetime.
+    expires: float | datetime | None = None
 
 
 @dataclass(frozen=True, eq=False)
@@ -264,6 +312,12 @@ class TaskDefinition(Generic[P, R]):
     # concurrency_key(*args, **kwargs). None: the task is not limited by key.
     concurrency_key: Callable[..., str | None] | None = None
     key_concurrency: int | None = None
+    # Which exceptions retry (None: all) and which fail at once, as exception names
+    # (module.qualname); frozen on each row at enqueue.
+    retry_on: tuple[str, ...] | None = None
+    discard_on: tuple[str, ...] = ()
+    # Seconds after its enqueue by which a task must have started (None: no expiry).
+    expires: float | None = None
 
     @property
     def is_async(self) -> bool:
@@ -319,6 +373,11 @@ class TaskDefinition(Generic[P, R]):
             )
         if "after" in options:
             options["after"] = validate_after(options["after"])
+        for rule in ("retry_on", "discard_on"):
+            if options.get(rule) is not None:
+                options[rule] = validate_exceptions(options[rule], rule)
+        if options.get("expires") is not None:
+            options["expires"] = validate_expires(options["expires"])
         if "after_failure" in options and options["after_failure"] not in AFTER_FAILURE:
             raise InvalidTaskError(
                 f"after_failure must be one of {', '.join(map(repr, AFTER_FAILURE))}, "
@@ -332,6 +391,7 @@ class TaskDefinition(Generic[P, R]):
             )
         if merged.run_at is not None and merged.delay is not None:
             raise InvalidTaskError("pass either run_at or delay, not both")
+        _check_expires_after_start(merged, self.expires)
         return replace(self, options=merged)
 
     def enqueue(self, *args: P.args, **kwargs: P.kwargs) -> int:
@@ -375,6 +435,27 @@ class ContextTaskDefinition(TaskDefinition[P, R]):
         self, context: TaskContext, /, *args: P.args, **kwargs: P.kwargs
     ) -> R:  # pyright: ignore[reportIncompatibleMethodOverride]
         return self.func(context, *args, **kwargs)  # type: ignore[no-any-return]
+
+
+def _check_expires_after_start(options: EnqueueOptions, default: float | None) -> None:
+    """Refuse an expiry that surely comes before the task is due (compared only in like
+    terms: a datetime with run_at, seconds with delay): it could never start."""
+    expires, run_at = default if options.expires is None else options.expires, options.run_at
+    if (
+        isinstance(expires, datetime)
+        and isinstance(run_at, datetime)
+        and timezone.is_aware(expires) == timezone.is_aware(run_at)
+        and expires <= run_at
+    ):
+        raise InvalidTaskError(
+            f"expires {expires.isoformat()} is not after run_at {run_at.isoformat()}: "
+            "the task could never start"
+        )
+    if _is_number(expires) and options.delay is not None and expires <= options.delay:
+        raise InvalidTaskError(
+            f"expires {expires:g}s is not longer than delay {options.delay:g}s: the task "
+            "could never start"
+        )
 
 
 @dataclass(frozen=True)
@@ -501,6 +582,9 @@ def task(
     takes_context: bool = False,
     concurrency_key: Callable[..., str | None] | None = None,
     key_concurrency: int | None = None,
+    retry_on: type[BaseException] | tuple[type[BaseException], ...] | None = None,
+    discard_on: type[BaseException] | tuple[type[BaseException], ...] = (),
+    expires: float | timedelta | None = None,
 ) -> Any:
     """Register a function as a task: ``@task`` or ``@task(queue="emails", ...)``.
 
@@ -510,7 +594,11 @@ def task(
     With ``takes_context=True`` the function receives a TaskContext as its first argument.
     ``concurrency_key`` (a function of the task's arguments returning a string or None)
     and ``key_concurrency`` (default 1) limit how many tasks of one key run at once
-    across the fleet (docs/limits.md).
+    across the fleet (docs/limits.md). ``discard_on`` (exception classes) fails the task
+    at once when its handler raises one of them; with ``retry_on``, only those retry
+    and any other exception fails at once (docs/tasks.md, "Retrying by exception").
+    ``expires`` (seconds) is the default expiry: a task not started that long after
+    its enqueue never starts (docs/tasks.md, "Expiry").
     """
 
     def decorate(fn: Callable[..., Any]) -> TaskDefinition[..., Any]:
@@ -555,6 +643,11 @@ def task(
                 takes_context=takes_context,
                 concurrency_key=concurrency_key,
                 key_concurrency=limit,
+                retry_on=None if retry_on is None else validate_exceptions(retry_on, "retry_on"),
+                discard_on=validate_exceptions(discard_on, "discard_on"),
+                expires=(
+                    None if expires is None else validate_expires(expires, datetime_allowed=False)
+                ),
             )
         except InvalidTaskError as exc:
             raise InvalidTaskError(f"@task on {_origin(fn)}: {exc}") from exc

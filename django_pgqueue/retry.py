@@ -1,9 +1,11 @@
-"""Retry policy: exponential backoff, capped, with jitter; frozen on the row at enqueue."""
+"""Retry policy: exponential backoff, capped, with jitter, and which exceptions retry;
+frozen on the row at enqueue (the ``retry_policy`` column)."""
 
 from __future__ import annotations
 
 import math
 import random
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -82,3 +84,66 @@ def _number(value: Any, name: str) -> float:
         return float(value)
     except OverflowError:
         raise ValueError(f"{name} {short_repr(value)} is too large") from None
+
+
+# Exception rules (``@task(retry_on=..., discard_on=...)``) are stored beside the backoff
+# in the row's retry_policy, as lists of exception names (``module.qualname``). A worker
+# compares them with the names of the raised exception's classes (its MRO): a row never
+# makes a worker import anything.
+RULE_KEYS = ("retry_on", "discard_on")
+
+
+def exception_name(cls: type[BaseException]) -> str:
+    """``module.qualname``: how a rule names an exception class (and an error its type)."""
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def exception_names(value: Any, option: str) -> tuple[str, ...]:
+    """The names of an exception class or a tuple (or list) of them, in order, without
+    repeats; ValueError for anything else."""
+    classes = value if isinstance(value, tuple | list) else (value,)
+    names: list[str] = []
+    for cls in classes:
+        if not (isinstance(cls, type) and issubclass(cls, BaseException)):
+            raise ValueError(
+                f"{option} must be an exception class or a tuple of them "
+                f"(e.g. {option}=(ConnectionError, TimeoutError)), not {short_repr(value)}"
+            )
+        if exception_name(cls) not in names:
+            names.append(exception_name(cls))
+    return tuple(names)
+
+
+def backoff_fields(stored: Any) -> Any:
+    """A stored retry_policy without its exception rules: what RetryPolicy reads."""
+    if not isinstance(stored, Mapping):
+        return stored  # RetryPolicy.from_value says what is wrong with it
+    return {k: v for k, v in stored.items() if k not in RULE_KEYS}
+
+
+def exception_rule(
+    stored: Any, exc_type: type[BaseException], *, timeout: bool = False
+) -> str | None:
+    """Which frozen rule fails an exception of ``exc_type`` at once, whatever attempts
+    remain: ``"discard_on"`` (one of its classes is listed there; it wins over
+    retry_on), ``"retry_on"`` (a retry_on list is stored and lists none of its classes);
+    None: the attempt retries as usual. For a timeout (``timeout=True``, judged as a
+    TimeoutError) only discard_on counts: a timed-out attempt is retried whether or not
+    retry_on names TimeoutError."""
+    if not isinstance(stored, Mapping):
+        return None
+    names = {exception_name(cls) for cls in exc_type.__mro__ if cls is not object}
+    if names & _stored_names(stored.get("discard_on")):
+        return "discard_on"
+    retry_on = stored.get("retry_on")
+    # A retry_on that is not a list (a row written by hand) restricts nothing.
+    if not timeout and isinstance(retry_on, list) and not names & _stored_names(retry_on):
+        return "retry_on"
+    return None
+
+
+def _stored_names(value: Any) -> frozenset[str]:
+    """A stored list of names; anything else names nothing."""
+    if not isinstance(value, list):
+        return frozenset()
+    return frozenset(v for v in value if isinstance(v, str))

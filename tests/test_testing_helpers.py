@@ -208,6 +208,22 @@ def test_run_tasks_runs_a_task_and_stores_its_result(mode: str) -> None:
 
 
 @BOTH
+def test_run_tasks_never_runs_an_expired_task_and_runs_the_next_one(mode: str) -> None:
+    # Given a task that expired before anything ran it, and one that has not
+    past = timezone.now() - timezone.timedelta(seconds=1)
+    stale = remember.using(priority=50, expires=past).enqueue("stale")
+    fresh = remember.enqueue("fresh")
+    # When the test runs what is due
+    result = run_tasks()
+    # Then only the fresh task ran; the expired one ended cancelled, as a worker ends it
+    assert result.ids == [fresh]
+    assert labels() == ["fresh"]
+    row = Task.objects.get(id=stale)
+    assert (row.state, row.attempt, row.errors[-1]["type"]) == ("cancelled", 0, "Expired")
+    assert_nothing_running()
+
+
+@BOTH
 def test_run_tasks_runs_higher_priority_first(mode: str) -> None:
     low = remember.enqueue("low")
     high = remember.using(priority=50).enqueue("high")

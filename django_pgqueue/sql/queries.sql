@@ -56,17 +56,20 @@
 -- The statement is kept plain because a web request pays for it: one INSERT, no CTE,
 -- no function call or cast the planner must resolve per call (the id's sequence is
 -- named: PostgreSQL names an identity column's sequence <table>_<column>_seq), since
--- Django sends it as text and the server plans it every time.
+-- Django sends it as text and the server plans it every time. expires_at (NULL: never)
+-- is the given time, or the expiry in seconds (an interval) after this statement, on
+-- the database's clock like the delay; both NULL leave it NULL.
 INSERT INTO pgqueue_task (
     id, queue, task_name, handler_version, priority, args, kwargs, run_at, state,
-    max_attempts, retry_policy, timeout, unique_key, metadata, concurrency_key
+    max_attempts, retry_policy, timeout, unique_key, metadata, concurrency_key, expires_at
 )
     VALUES (
         COALESCE(%(id)s, nextval('pgqueue_task_id_seq')),
         %(queue)s, %(task_name)s, %(handler_version)s, %(priority)s, %(args)s, %(kwargs)s,
         COALESCE(%(run_at)s, statement_timestamp() + %(delay)s),
         %(state)s, %(max_attempts)s, %(retry_policy)s, %(timeout)s, %(unique_key)s,
-        %(metadata)s, %(concurrency_key)s
+        %(metadata)s, %(concurrency_key)s,
+        COALESCE(%(expires_at)s, statement_timestamp() + %(expires)s)
     )
     RETURNING id, enqueued_at,
         CASE -- the wake-up (see the header): notify only when a worker may be parked
@@ -87,14 +90,15 @@ INSERT INTO pgqueue_task (
 -- caller then reads the existing id with find_live_unique.
 INSERT INTO pgqueue_task (
     id, queue, task_name, handler_version, priority, args, kwargs, run_at, state,
-    max_attempts, retry_policy, timeout, unique_key, metadata, concurrency_key
+    max_attempts, retry_policy, timeout, unique_key, metadata, concurrency_key, expires_at
 )
     VALUES (
         COALESCE(%(id)s, nextval('pgqueue_task_id_seq')),
         %(queue)s, %(task_name)s, %(handler_version)s, %(priority)s, %(args)s, %(kwargs)s,
         COALESCE(%(run_at)s, statement_timestamp() + %(delay)s),
         %(state)s, %(max_attempts)s, %(retry_policy)s, %(timeout)s, %(unique_key)s,
-        %(metadata)s, %(concurrency_key)s
+        %(metadata)s, %(concurrency_key)s,
+        COALESCE(%(expires_at)s, statement_timestamp() + %(expires)s)
     )
     ON CONFLICT (unique_key) WHERE unique_key IS NOT NULL
                                 AND state IN ('scheduled', 'pending', 'running', 'waiting')
@@ -130,13 +134,14 @@ SELECT id, enqueued_at
 WITH inserted AS (
     INSERT INTO pgqueue_task (
         queue, task_name, handler_version, priority, args, kwargs, run_at, state,
-        max_attempts, retry_policy, timeout, unique_key, metadata, concurrency_key
+        max_attempts, retry_policy, timeout, unique_key, metadata, concurrency_key, expires_at
     )
     SELECT %(queue)s, %(task_name)s, %(handler_version)s, %(priority)s,
            c.args, c.kwargs,
            COALESCE(%(run_at)s, statement_timestamp() + %(delay)s),
            %(state)s, %(max_attempts)s, %(retry_policy)s::jsonb, %(timeout)s::interval,
-           NULL, %(metadata)s::jsonb, COALESCE(c.key, %(concurrency_key)s::text)
+           NULL, %(metadata)s::jsonb, COALESCE(c.key, %(concurrency_key)s::text),
+           COALESCE(%(expires_at)s::timestamptz, statement_timestamp() + %(expires)s::interval)
       FROM ROWS FROM (jsonb_array_elements(%(args_list)s::jsonb),
                       jsonb_array_elements(%(kwargs_list)s::jsonb),
                       jsonb_array_elements_text(COALESCE(%(keys_list)s::jsonb, '[]')))
@@ -211,6 +216,20 @@ SELECT nextval('pgqueue_task_id_seq');
 --   at most what each key and each queue may start of what the walk found. A limited
 --   queue takes no starvation escape (its limits already decide who starts). All of
 --   it is empty for a worker without limits: four empty arrays.
+-- * Expiry (expires_at, docs/tasks.md): a picked row that never started and whose
+--   expires_at has passed is not started. The final UPDATE ends it cancelled instead,
+--   with an Expired error, and returns it flagged (expired) for the worker to count and
+--   drop. Judged here, on the row the pick locked, by statement_timestamp() (this
+--   statement's own start: a limited claim's transaction may have waited on its queue
+--   lock): no check made earlier can pass a row that then starts after its expiry.
+--   Ended here rather than filtered out of the walk, so the walk stays honest: a
+--   filtered row would stay pending at the head of pgqueue_task_claim and be walked
+--   over by every claim until something else ended it. An unexpired row costs one
+--   comparison per column below and no read: expires_at is on the heap row the UPDATE
+--   reads anyway. An expired row still fills a place of the batch (a rate-limited
+--   queue spends one start of budget on it): the claim returns it, so the worker sees
+--   a full batch and claims again at once. No executions entry: it never ran (like a
+--   cancel). Its dependents follow after_failure (pgqueue_release_dependents).
 WITH routes AS (
     SELECT r.*
       FROM unnest(%(route_queues)s::text[], %(route_names)s::text[],
@@ -357,13 +376,37 @@ rated AS (
        SET rate_tat = EXCLUDED.rate_tat
 )
 UPDATE pgqueue_task AS t
-   SET state = 'running',
-       attempt = t.attempt + 1,
-       lease_token = %(token)s::uuid,
-       lease_expires_at = now() + make_interval(secs => %(lease_seconds)s),
-       started_at = COALESCE(t.started_at, now()),
-       last_attempted_at = now(),
-       worker_id = %(worker_id)s
+   SET state = CASE WHEN t.started_at IS NULL AND t.expires_at <= statement_timestamp()
+                    THEN 'cancelled' ELSE 'running' END,
+       attempt = CASE WHEN t.started_at IS NULL AND t.expires_at <= statement_timestamp()
+                      THEN t.attempt ELSE t.attempt + 1 END,
+       lease_token = CASE WHEN t.started_at IS NULL AND t.expires_at <= statement_timestamp()
+                          THEN NULL ELSE %(token)s::uuid END,
+       lease_expires_at = CASE WHEN t.started_at IS NULL
+                                    AND t.expires_at <= statement_timestamp() THEN NULL
+                               ELSE now() + make_interval(secs => %(lease_seconds)s) END,
+       started_at = CASE WHEN t.started_at IS NULL AND t.expires_at <= statement_timestamp()
+                         THEN NULL ELSE COALESCE(t.started_at, now()) END,
+       last_attempted_at = CASE WHEN t.started_at IS NULL
+                                     AND t.expires_at <= statement_timestamp()
+                                THEN t.last_attempted_at ELSE now() END,
+       worker_id = CASE WHEN t.started_at IS NULL AND t.expires_at <= statement_timestamp()
+                        THEN t.worker_id ELSE %(worker_id)s END,
+       finished_at = CASE WHEN t.started_at IS NULL AND t.expires_at <= statement_timestamp()
+                          THEN now() ELSE t.finished_at END,
+       errors = CASE WHEN t.started_at IS NULL AND t.expires_at <= statement_timestamp()
+                     THEN t.errors || jsonb_build_array(jsonb_build_object(
+                         'attempt', t.attempt,
+                         'type', 'Expired',
+                         'message', 'expired at '
+                                    || to_char(t.expires_at AT TIME ZONE 'UTC',
+                                               'YYYY-MM-DD"T"HH24:MI:SS.MS"Z"')
+                                    || ', before it started',
+                         'traceback', NULL,
+                         'outcome', 'expired',
+                         'worker_id', %(worker_id)s::text,
+                         'at', now()))
+                     ELSE t.errors END
  WHERE t.id = ANY (ARRAY(SELECT id FROM escaped UNION ALL SELECT id FROM picked))
 RETURNING t.id, t.task_name, t.handler_version, t.queue, t.priority, t.args, t.kwargs,
           t.attempt, t.max_attempts, t.retry_policy::text AS retry_policy_json,
@@ -371,7 +414,8 @@ RETURNING t.id, t.task_name, t.handler_version, t.queue, t.priority, t.args, t.k
           t.lease_expires_at, now() AS claimed_at, t.enqueued_at, t.run_at,
           t.checkpoint::text AS checkpoint_json, t.cancel_requested, t.cancel_hard,
           t.metadata::text AS metadata_json,
-          NULLIF(t.signals, '{}')::text AS signals_json, t.wake::text AS wake_json;
+          NULLIF(t.signals, '{}')::text AS signals_json, t.wake::text AS wake_json,
+          t.state = 'cancelled' AS expired;
 
 
 -- name: find_claimed
@@ -402,6 +446,9 @@ SELECT t.id, t.task_name, t.handler_version, t.queue, t.priority, t.args, t.kwar
 --   row and retries; by then the edge is committed and the trigger sees it).
 -- * Nothing is inserted when a parent does not exist: the caller gets no row back and
 --   raises (a task can only wait for tasks that exist, so a cycle cannot be made).
+-- * A waiting child with an expiry waits until it (wait_until = expires_at): the stager
+--   finds it through pgqueue_task_wait_timeout and ends it cancelled (Expired) if its
+--   parents have not released it by then (see stage).
 WITH parents AS MATERIALIZED (
     UPDATE pgqueue_task AS p
        SET has_dependents = true
@@ -419,7 +466,7 @@ child AS (
     INSERT INTO pgqueue_task (
         id, queue, task_name, handler_version, priority, args, kwargs, run_at, state,
         max_attempts, retry_policy, timeout, unique_key, metadata, concurrency_key,
-        parents_pending, wait_reason, finished_at, errors
+        parents_pending, wait_reason, finished_at, errors, expires_at, wait_until
     )
     SELECT COALESCE(%(id)s, nextval('pgqueue_task_id_seq')),
            %(queue)s, %(task_name)s, %(handler_version)s, %(priority)s, %(args)s::jsonb,
@@ -440,8 +487,12 @@ child AS (
                                     || '; enqueue with after_failure="run" to run anyway',
                          'traceback', NULL, 'outcome', 'cancelled', 'worker_id', NULL,
                          'at', now()))
-                ELSE '[]'::jsonb END
-      FROM verdict AS v
+                ELSE '[]'::jsonb END,
+           e.expires_at,
+           CASE WHEN v.open > 0 AND (v.failed_id IS NULL OR %(proceed)s) THEN e.expires_at END
+      FROM verdict AS v,
+           (SELECT COALESCE(%(expires_at)s::timestamptz,
+                            statement_timestamp() + %(expires)s::interval)) AS e(expires_at)
      WHERE v.found = cardinality(%(after)s::bigint[])
     RETURNING id, enqueued_at, state, queue
 ),
@@ -641,6 +692,11 @@ SELECT name AS queue, paused, paused_tasks::text AS paused_tasks, paused_at,
 -- without waiting on each other. Wakes the queues it made due: other workers may be
 -- idle. It also ends suspensions whose timeout passed (pgqueue_task_wait_timeout, the
 -- same stop-at-the-first-not-due range scan): pending, with wake saying so.
+-- Expiry (see claim): a row it finds that never started and whose expires_at has passed
+-- ends cancelled with an Expired error instead of becoming pending: a scheduled row
+-- when it comes due (so at its run_at, if that is later than its expiry), a row
+-- waiting for its parents at its expiry (enqueue_after sets its wait_until to it).
+-- expired counts them per queue; only queues with rows made pending are woken.
 WITH due AS MATERIALIZED (
     SELECT id
       FROM pgqueue_task
@@ -652,10 +708,23 @@ WITH due AS MATERIALIZED (
 ),
 staged AS (
     UPDATE pgqueue_task AS t
-       SET state = 'pending'
+       SET state = CASE WHEN t.started_at IS NULL AND t.expires_at <= now()
+                        THEN 'cancelled' ELSE 'pending' END,
+           finished_at = CASE WHEN t.started_at IS NULL AND t.expires_at <= now()
+                              THEN now() END,
+           errors = CASE WHEN t.started_at IS NULL AND t.expires_at <= now()
+                         THEN t.errors || jsonb_build_array(jsonb_build_object(
+                             'attempt', t.attempt, 'type', 'Expired',
+                             'message', 'expired at '
+                                        || to_char(t.expires_at AT TIME ZONE 'UTC',
+                                                   'YYYY-MM-DD"T"HH24:MI:SS.MS"Z"')
+                                        || ', before it started',
+                             'traceback', NULL, 'outcome', 'expired', 'worker_id', NULL,
+                             'at', now()))
+                         ELSE t.errors END
       FROM due
      WHERE t.id = due.id
-    RETURNING t.queue
+    RETURNING t.queue, t.state
 ),
 timed_out AS MATERIALIZED (
     SELECT id
@@ -668,20 +737,37 @@ timed_out AS MATERIALIZED (
 ),
 woken AS (
     UPDATE pgqueue_task AS t
-       SET state = 'pending',
+       SET state = CASE WHEN t.started_at IS NULL AND t.expires_at <= now()
+                        THEN 'cancelled' ELSE 'pending' END,
            run_at = now(),
-           wake = jsonb_build_object('reason', 'timeout', 'waited_for', t.wait_reason,
-                                     'signal', t.wait_signal),
+           wake = CASE WHEN t.started_at IS NULL AND t.expires_at <= now() THEN t.wake
+                       ELSE jsonb_build_object('reason', 'timeout', 'waited_for', t.wait_reason,
+                                               'signal', t.wait_signal) END,
+           finished_at = CASE WHEN t.started_at IS NULL AND t.expires_at <= now()
+                              THEN now() END,
+           errors = CASE WHEN t.started_at IS NULL AND t.expires_at <= now()
+                         THEN t.errors || jsonb_build_array(jsonb_build_object(
+                             'attempt', t.attempt, 'type', 'Expired',
+                             'message', 'expired at '
+                                        || to_char(t.expires_at AT TIME ZONE 'UTC',
+                                                   'YYYY-MM-DD"T"HH24:MI:SS.MS"Z"')
+                                        || ', before it started (still waiting for '
+                                        || COALESCE(t.wait_reason, '?') || ')',
+                             'traceback', NULL, 'outcome', 'expired', 'worker_id', NULL,
+                             'at', now()))
+                         ELSE t.errors END,
            wait_reason = NULL,
            wait_signal = NULL,
            wait_until = NULL
       FROM timed_out
      WHERE t.id = timed_out.id
-    RETURNING t.queue
+    RETURNING t.queue, t.state
 )
-SELECT queue, count(*) AS staged,
-       pg_notify('pgqueue_' || (hashtext(queue) & 63), queue)::text AS notified
-  FROM (SELECT queue FROM staged UNION ALL SELECT queue FROM woken) AS s
+SELECT queue, count(*) FILTER (WHERE state = 'pending') AS staged,
+       CASE WHEN count(*) FILTER (WHERE state = 'pending') > 0
+            THEN pg_notify('pgqueue_' || (hashtext(queue) & 63), queue)::text END AS notified,
+       count(*) FILTER (WHERE state = 'cancelled') AS expired
+  FROM (SELECT queue, state FROM staged UNION ALL SELECT queue, state FROM woken) AS s
  GROUP BY queue;
 
 
@@ -1655,7 +1741,8 @@ SELECT n.name, n.task_name, n.spec, n.timezone, now()
 -- schedule does not run for the past), and a tick after the database's now() (a tick
 -- is due by the database's clock, never a worker's).
 -- The task's columns and parameters are those of enqueue (build_row: validated the
--- same way); it is pending, due now, with the schedule and tick in its metadata.
+-- same way); it is pending, due now, with the schedule and tick in its metadata. An
+-- expiry in seconds counts from now(), the tick's enqueue (not the tick's own time).
 -- Wakes the queue's workers (as enqueue_many: no parked-claimer check, ticks are rare)
 -- only when a task was inserted. Returns the database's now() either way: the
 -- scheduler's clock.
@@ -1677,12 +1764,13 @@ WITH advanced AS (
 inserted AS (
     INSERT INTO pgqueue_task (
         id, queue, task_name, handler_version, priority, args, kwargs, run_at, state,
-        max_attempts, retry_policy, timeout, unique_key, metadata, concurrency_key
+        max_attempts, retry_policy, timeout, unique_key, metadata, concurrency_key, expires_at
     )
     SELECT a.last_task_id, %(queue)s::text, %(task_name)s::text, %(handler_version)s::int,
            %(priority)s::int, %(args)s::jsonb, %(kwargs)s::jsonb, now(), 'pending',
            %(max_attempts)s::int, %(retry_policy)s::jsonb, %(timeout)s::interval,
-           %(unique_key)s::text, %(metadata)s::jsonb, %(concurrency_key)s::text
+           %(unique_key)s::text, %(metadata)s::jsonb, %(concurrency_key)s::text,
+           COALESCE(%(expires_at)s::timestamptz, now() + %(expires)s::interval)
       FROM advanced AS a
     RETURNING id, queue
 )

@@ -262,7 +262,6 @@ def _claim_one(
             **route_params(names, routes, conf.STARVATION_TIMEOUT),
             "look_for_starving": False,  # priority order only: a test wants it predictable
             "limit": 1,
-            "token": str(uuid.uuid4()),
             "lease_seconds": conf.LEASE_SECONDS,
             "worker_id": f"pgqueue.testing-{os.getpid()}",
         }
@@ -271,9 +270,15 @@ def _claim_one(
         raw = cursor.cursor
         raw.adapters.register_loader("jsonb", JsonbLoader)
         raw.row_factory = class_row(ClaimedTask)
-        cursor.execute(QUERIES["claim"], params)
-        claimed = cursor.fetchall()
-    return claimed[0] if claimed else None
+        while True:
+            # The claim ends an expired row (cancelled, Expired) instead of leasing it,
+            # as in a worker: claim again, with a new token, until one can run.
+            cursor.execute(QUERIES["claim"], {**params, "token": str(uuid.uuid4())})
+            claimed = cursor.fetchall()
+            if not claimed:
+                return None
+            if not claimed[0].expired:
+                return claimed[0]
 
 
 def _run(connection: BaseDatabaseWrapper, alias: str, task: ClaimedTask) -> TaskRun:

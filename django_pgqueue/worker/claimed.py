@@ -57,6 +57,9 @@ class ClaimedTask:
     metadata_json: str
     signals_json: str | None = None
     wake_json: str | None = None
+    # The claim found it expired and ended it cancelled instead of starting it: the
+    # claimer counts it and drops it (sql: claim). Never run.
+    expired: bool = False
     received_monotonic: float = field(default_factory=time.monotonic)
     # When a slot began running it: a prefetched task may wait for a slot, and its
     # timeout counts from its start, not from its claim.
@@ -74,7 +77,7 @@ class ClaimedTask:
 
     # Rarely needed columns arrive as JSON text and are parsed on first use.
     @property
-    def retry_policy(self) -> dict[str, float]:
+    def retry_policy(self) -> dict[str, Any]:
         return json.loads(self.retry_policy_json) if self.retry_policy_json else {}
 
     @property

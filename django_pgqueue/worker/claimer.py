@@ -403,8 +403,23 @@ class Claimer:
             # The server may have committed the claim before the connection broke.
             self._unconfirmed[token] = time.monotonic() + self.lease_seconds
             raise
+        taken = len(tasks)
+        if any(task.expired for task in tasks):
+            tasks = self._drop_expired(tasks)
         self._hand_over(tasks, lane)
-        return len(tasks)
+        return taken  # expired rows count: a batch full of them is claimed again at once
+
+    def _drop_expired(self, tasks: list[ClaimedTask]) -> list[ClaimedTask]:
+        """The rows the claim ended cancelled because they had expired: counted and
+        logged, never run."""
+        expired = [task.id for task in tasks if task.expired]
+        self.stats.incr("expired", len(expired))
+        logger.info(
+            "claimer: %d task(s) expired before they started and were cancelled: %s",
+            len(expired),
+            ", ".join(map(str, expired)),
+        )
+        return [task for task in tasks if not task.expired]
 
     def _claim_limited(
         self, conn: psycopg.Connection, lane: _Lane, params: dict, want: int
@@ -463,8 +478,15 @@ class Claimer:
                 retry=False,
             )
             staged = sum(row[1] for row in rows)
+            expired = sum(row[3] for row in rows)
             self.stats.incr("staged", staged)
-            if staged < STAGE_BATCH:
+            if expired:
+                self.stats.incr("expired", expired)
+                logger.info(
+                    "stager: %d task(s) expired before they started and were cancelled",
+                    expired,
+                )
+            if staged + expired < STAGE_BATCH:
                 return
 
     def _adopt_unconfirmed(self) -> int:

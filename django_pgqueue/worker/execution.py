@@ -244,7 +244,7 @@ def _raised(
             return outcomes.timed_out(
                 task, f"the attempt exceeded its timeout of {task.timeout:g}s"
             )
-        return outcomes.failed(task, outcomes.error_entry(task, exc))
+        return outcomes.raised(task, exc)
     if isinstance(exc, Exception):
         # A TypeError may mean the stored arguments do not fit the function (checked
         # only now, so the common path pays nothing): that fails for good.
@@ -256,7 +256,7 @@ def _raised(
                 )
         if task.cancel_requested or (task.context is not None and task.context.cancel_requested):
             return outcomes.cancelled(task, outcomes.error_entry(task, exc))
-    return outcomes.failed(task, outcomes.error_entry(task, exc))
+    return outcomes.raised(task, exc)
 
 
 def _invoke(definition: TaskDefinition, task: ClaimedTask, call_args: list[Any]) -> Any:

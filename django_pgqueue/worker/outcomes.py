@@ -8,6 +8,9 @@ how the attempt ended           what is written (fenced on the lease)
 returned                        succeeded, result stored
 raised, attempts left           pending after the frozen backoff, error appended
 raised, attempts spent          failed (dead letter), error appended
+raised, a frozen exception      failed at once, whatever attempts remain: a class of
+rule says no retry              ``discard_on``, or none of ``retry_on`` (the error's
+                                ``rule`` says which)
 ``Retry(delay)``                as raised, with the given delay
 ``Snooze(delay)``               pending after delay, the attempt refunded, no error
 ``Continue(checkpoint)``        pending now, attempt counter reset, checkpoint saved
@@ -15,7 +18,8 @@ raised, attempts spent          failed (dead letter), error appended
                                 checkpoint saved if given (pending at once when the
                                 signal already came or the tasks already ended)
 ``Cancelled`` / cancel request  cancelled, error says why
-timeout / written off / killed  as raised, with a TimeoutError
+timeout / written off / killed  as raised, with a TimeoutError (of the exception rules,
+                                only ``discard_on`` applies to it)
 hard cancel (process killed)    cancelled, error says the handler was killed
 payload cannot run              failed at once, no retry (bad stored args, bad result)
 lease lapsed before the start    not run: pending again (failed on the last attempt), as
@@ -38,7 +42,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from django_pgqueue.conf import get_settings
-from django_pgqueue.retry import RetryPolicy
+from django_pgqueue.retry import RetryPolicy, backoff_fields, exception_rule
 from django_pgqueue.worker.claimed import ClaimedTask
 
 logger = logging.getLogger("django_pgqueue.worker")
@@ -168,6 +172,17 @@ def failed(
     return Outcome(task, label, "failed", error=error)
 
 
+def raised(task: ClaimedTask, exc: BaseException) -> Outcome:
+    """A handler raised ``exc`` (none of the exceptions that steer the queue): retried
+    after the backoff, unless the exception rules frozen on the row (``retry_on``,
+    ``discard_on``: retry.py) fail it at once."""
+    error = error_entry(task, exc)
+    rule = exception_rule(task.retry_policy, type(exc))
+    if rule is None:
+        return failed(task, error)
+    return failed(task, {**error, "rule": rule}, retryable=False)
+
+
 def backoff(task: ClaimedTask) -> float:
     """The delay before the next attempt, by the policy frozen on the row at enqueue.
 
@@ -175,7 +190,7 @@ def backoff(task: ClaimedTask) -> float:
     the current default, with a warning: a bad row must never lose its outcome.
     """
     try:
-        return RetryPolicy.from_value(task.retry_policy or {}).delay(task.attempt)
+        return RetryPolicy.from_value(backoff_fields(task.retry_policy)).delay(task.attempt)
     except (TypeError, ValueError) as exc:
         logger.warning(
             "%s: the stored retry policy is invalid (%s); using DEFAULT_BACKOFF",
@@ -243,7 +258,13 @@ def killed_on_cancel(task: ClaimedTask) -> Outcome:
 
 
 def timed_out(task: ClaimedTask, message: str) -> Outcome:
-    return failed(task, plain_error(task, "TimeoutError", message), label=TIMEOUT)
+    """The attempt overran its timeout: judged as a TimeoutError by ``discard_on`` only
+    (a retry_on list that leaves TimeoutError out does not stop timeouts retrying)."""
+    error = plain_error(task, "TimeoutError", message)
+    rule = exception_rule(task.retry_policy, TimeoutError, timeout=True)
+    if rule is None:
+        return failed(task, error, label=TIMEOUT)
+    return failed(task, {**error, "rule": rule}, label=TIMEOUT, retryable=False)
 
 
 def expired_before_start(task: ClaimedTask) -> Outcome:
