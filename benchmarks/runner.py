@@ -1014,6 +1014,12 @@ def main(argv: list[str] | None = None) -> int:
             target=">= 0.9x without",
             check=lambda v, r: r >= 0.9,
         ),
+        "w2a_otel_export": Row(
+            "w2a_otel_export",
+            f"W2a drain {n:,}, 1 process, OpenTelemetry SDK, every span batched and exported",
+            "tasks/s",
+            ratio_to="w2a_no_otel",
+        ),
         "w3_idle_others": Row(
             "w3_idle_others",
             "W3 claimer statements per enqueue, 10 idle workers of other queues",
@@ -1178,6 +1184,8 @@ def main(argv: list[str] | None = None) -> int:
             record("w2a_no_otel", d["rate"], d)
             d = drain(n, 1, env={"PGQUEUE_BENCH_OTEL": "sdk"})
             record("w2a_otel", d["rate"], d)
+            d = drain(n, 1, env={"PGQUEUE_BENCH_OTEL": "export"})
+            record("w2a_otel_export", d["rate"], d)
         if "W3" in only:
             d = w3_idle_others(500)
             record("w3_idle_others", d["per_enqueue"], d)

@@ -72,14 +72,29 @@ PGQUEUE = {
 # W2a-middleware: one no-op task middleware (benchmarks/middleware.py).
 if os.environ.get("PGQUEUE_BENCH_MIDDLEWARE") == "1":
     PGQUEUE["MIDDLEWARE"] = ["benchmarks.middleware.Passthrough"]
-# W2a-otel: "sdk" sets up OpenTelemetry's SDK (a TracerProvider without an exporter, so
-# every span is recorded and dropped); "off" makes opentelemetry unimportable, as if it
-# were not installed (docs/tracing.md).
-if os.environ.get("PGQUEUE_BENCH_OTEL") == "sdk":
+# W2a-otel: "sdk" sets up OpenTelemetry's SDK (a TracerProvider without an exporter:
+# no span could reach anyone, so none is made); "export" adds a batch processor with an
+# exporter that drops what it is given (every span made, batched and handed over: the
+# cost of tracing itself); "off" makes opentelemetry unimportable, as if it were not
+# installed (docs/tracing.md).
+if os.environ.get("PGQUEUE_BENCH_OTEL") in ("sdk", "export"):
     from opentelemetry import trace
     from opentelemetry.sdk.trace import TracerProvider
 
-    trace.set_tracer_provider(TracerProvider())
+    provider = TracerProvider()
+    if os.environ["PGQUEUE_BENCH_OTEL"] == "export":
+        from opentelemetry.sdk.trace.export import (
+            BatchSpanProcessor,
+            SpanExporter,
+            SpanExportResult,
+        )
+
+        class _Dropped(SpanExporter):
+            def export(self, spans: object) -> SpanExportResult:
+                return SpanExportResult.SUCCESS
+
+        provider.add_span_processor(BatchSpanProcessor(_Dropped()))
+    trace.set_tracer_provider(provider)
 elif os.environ.get("PGQUEUE_BENCH_OTEL") == "off":
     import sys
 

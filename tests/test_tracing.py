@@ -210,3 +210,17 @@ def test_without_opentelemetry_nothing_of_it_is_imported_and_enqueue_works(db_ur
 
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines() == ["pending {}", "[]"]
+
+
+# -- when spans are made ----------------------------------------------------------------
+def test_no_span_is_made_while_the_sdk_has_no_processor_to_give_it_to(monkeypatch) -> None:
+    # Given the SDK's provider configured without any span processor (so no exporter)
+    provider = TracerProvider()
+    monkeypatch.setattr(tracing.trace, "get_tracer_provider", lambda: provider)
+    # Then the library makes no span: nobody could receive it
+    assert tracing._active_tracer() is None
+    # When a processor is added later (an exporter configured after start-up)
+    exporter = InMemorySpanExporter()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    # Then spans are made from the next call on
+    assert tracing._active_tracer() is not None
