@@ -110,6 +110,17 @@ def _pretty_json(value: Any) -> str:
     return format_html('<pre class="pgqueue-json">{}</pre>', text)
 
 
+def _payload(value: Any) -> str:
+    """What a task's code put in its row (args, kwargs, result, checkpoint, progress,
+    signals): shown as JSON, or hidden with PGQUEUE['ADMIN_SHOW_PAYLOADS'] = False."""
+    if not get_settings().ADMIN_SHOW_PAYLOADS:
+        return mark_safe(
+            '<span class="pgqueue-hidden quiet">hidden (PGQUEUE["ADMIN_SHOW_PAYLOADS"] '
+            "is False)</span>"
+        )
+    return _pretty_json(value)
+
+
 def _url(model_admin: admin.ModelAdmin, name: str, *args: Any) -> str:
     """The admin URL ``django_pgqueue_<name>`` on the site ``model_admin`` is registered
     on: ``admin.site``, or a project's own AdminSite (``register``)."""
@@ -707,15 +718,15 @@ class TaskAdmin(admin.ModelAdmin):
 
     @admin.display(description="args")
     def args_display(self, obj: Task) -> str:
-        return _pretty_json(obj.args)
+        return _payload(obj.args)
 
     @admin.display(description="kwargs")
     def kwargs_display(self, obj: Task) -> str:
-        return _pretty_json(obj.kwargs)
+        return _payload(obj.kwargs)
 
     @admin.display(description="result")
     def result_display(self, obj: Task) -> str:
-        return _pretty_json(obj.result)
+        return _payload(obj.result)
 
     @admin.display(description="retry policy")
     def retry_policy_display(self, obj: Task) -> str:
@@ -723,11 +734,11 @@ class TaskAdmin(admin.ModelAdmin):
 
     @admin.display(description="checkpoint")
     def checkpoint_display(self, obj: Task) -> str:
-        return _pretty_json(obj.checkpoint)
+        return _payload(obj.checkpoint)
 
     @admin.display(description="progress")
     def progress_display(self, obj: Task) -> str:
-        return _pretty_json(obj.progress)
+        return _payload(obj.progress)
 
     @admin.display(description="metadata")
     def metadata_display(self, obj: Task) -> str:
@@ -781,7 +792,7 @@ class TaskAdmin(admin.ModelAdmin):
 
     @admin.display(description="signals delivered")
     def signals_display(self, obj: Task) -> str:
-        return _pretty_json(obj.signals) if obj.signals else EMPTY
+        return _payload(obj.signals) if obj.signals else EMPTY
 
     @admin.display(description="woken by")
     def wake_display(self, obj: Task) -> str:

@@ -167,8 +167,8 @@ class WorkerMetrics:
 _worker_metrics: WorkerMetrics | None = None
 
 
-def serve_worker_metrics(port: int) -> None:
-    """Serve this process's default registry on ``port`` (``/metrics``).
+def serve_worker_metrics(port: int, addr: str = "0.0.0.0") -> None:
+    """Serve this process's default registry on ``addr``:``port`` (``/metrics``).
 
     The queue gauges are left out unless ``PGQUEUE["WORKER_QUEUE_METRICS"]``: every
     worker would otherwise read the same numbers from the database.
@@ -177,7 +177,7 @@ def serve_worker_metrics(port: int) -> None:
         register_queue_collector()
     else:
         unregister_queue_collector()
-    start_http_server(port)
+    start_http_server(port, addr=addr)
 
 
 def watch_worker(worker: Worker) -> None:
