@@ -1,16 +1,19 @@
-"""A worker's /metrics server binds the address it is given (--metrics-addr,
+"""A worker's /metrics server: it binds the address it is given (--metrics-addr,
 PGQUEUE['METRICS_ADDR']), alone and under the supervisor. Every 127.x.y.z address is
 the loopback interface on Linux, so a server bound to 127.0.0.2 is reachable there and
-refuses connections on 127.0.0.1."""
+refuses connections on 127.0.0.1. And the worker side imports none of the web side's
+collector module (django_pgqueue.metrics)."""
 
 import socket
+import subprocess
+import sys
 import urllib.error
 import urllib.request
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.conftest import wait_until
+from tests.conftest import REPO, wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -86,3 +89,22 @@ def test_each_supervised_worker_binds_the_given_address(start_worker):
         names = wait_until(lambda p=child_port: try_scrape("127.0.0.2", p), message="a child")
         assert "pgqueue_task_outcomes" in names
         assert refused("127.0.0.1", child_port)
+
+
+def test_the_worker_side_never_imports_the_web_collector_module():
+    # given: a fresh interpreter
+    # when: it imports the worker command, the supervisor and the worker's metrics server
+    code = (
+        "import sys\n"
+        "import django_pgqueue.management.commands.runtaskworker\n"
+        "import django_pgqueue.worker.metrics_server\n"
+        "import django_pgqueue.worker.supervisor\n"
+        "print('django_pgqueue.metrics' in sys.modules)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60
+    )
+
+    # then: the queue collector's module (the web side's) is not among its modules
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "False"

@@ -63,7 +63,7 @@ def run_child(
     configure_logging(log_level, log_format)
     worker = Worker(WorkerOptions(**options), supervised=True)
     if metrics_port:
-        from django_pgqueue.metrics import serve_worker_metrics, watch_worker
+        from django_pgqueue.worker.metrics_server import serve_worker_metrics, watch_worker
 
         serve_worker_metrics(metrics_port, metrics_addr)
         watch_worker(worker)

@@ -92,12 +92,12 @@ class Command(BaseCommand):
             )
         [options] = groups
         if metrics_port:
-            from django_pgqueue.metrics import serve_worker_metrics
+            from django_pgqueue.worker.metrics_server import serve_worker_metrics
 
             serve_worker_metrics(metrics_port, metrics_addr)
         worker = Worker(options)
         if metrics_port:
-            from django_pgqueue.metrics import watch_worker
+            from django_pgqueue.worker.metrics_server import watch_worker
 
             watch_worker(worker)
         code = worker.run()
