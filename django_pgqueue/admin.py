@@ -110,6 +110,25 @@ def _pretty_json(value: Any) -> str:
     return format_html('<pre class="pgqueue-json">{}</pre>', text)
 
 
+def _payload(value: Any) -> str:
+    """What a task's code put in its row (args, kwargs, result, checkpoint, progress,
+    signals): shown as JSON, or hidden with PGQUEUE['ADMIN_SHOW_PAYLOADS'] = False."""
+    if not get_settings().ADMIN_SHOW_PAYLOADS:
+        return mark_safe(
+            '<span class="pgqueue-hidden quiet">hidden (PGQUEUE["ADMIN_SHOW_PAYLOADS"] '
+            "is False)</span>"
+        )
+    return _pretty_json(value)
+
+
+def _url(model_admin: admin.ModelAdmin, name: str, *args: Any) -> str:
+    """The admin URL ``django_pgqueue_<name>`` on the site ``model_admin`` is registered
+    on: ``admin.site``, or a project's own AdminSite (``register``)."""
+    return reverse(
+        f"admin:django_pgqueue_{name}", args=args, current_app=model_admin.admin_site.name
+    )
+
+
 def _state_html(state: str, label: str | None = None) -> str:
     return format_html(
         '<span class="pgqueue-state pgqueue-state-{}" style="color:{};font-weight:bold">{}</span>',
@@ -187,14 +206,18 @@ def task_edges(task: Task, way: str) -> Edges:
     return cache[way]
 
 
-def _edges_table(edges: Edges, one: str, many: str) -> str:
-    """The edges as a table of linked tasks, with "and N more" past the limit."""
+def _edges_table(edges: Edges, one: str, many: str, site: str) -> str:
+    """The edges as a table of linked tasks (on the admin site named ``site``), with
+    "and N more" past the limit."""
     if not edges.total:
         return EMPTY
     rows = [
         (
             with_database(
-                reverse("admin:django_pgqueue_task_change", args=[edge["task"]]), edges.database
+                reverse(
+                    "admin:django_pgqueue_task_change", args=[edge["task"]], current_app=site
+                ),
+                edges.database,
             ),
             edge["task"],
             edge["task_name"] or "(deleted since)",
@@ -697,15 +720,15 @@ class TaskAdmin(admin.ModelAdmin):
 
     @admin.display(description="args")
     def args_display(self, obj: Task) -> str:
-        return _pretty_json(obj.args)
+        return _payload(obj.args)
 
     @admin.display(description="kwargs")
     def kwargs_display(self, obj: Task) -> str:
-        return _pretty_json(obj.kwargs)
+        return _payload(obj.kwargs)
 
     @admin.display(description="result")
     def result_display(self, obj: Task) -> str:
-        return _pretty_json(obj.result)
+        return _payload(obj.result)
 
     @admin.display(description="retry policy")
     def retry_policy_display(self, obj: Task) -> str:
@@ -713,11 +736,11 @@ class TaskAdmin(admin.ModelAdmin):
 
     @admin.display(description="checkpoint")
     def checkpoint_display(self, obj: Task) -> str:
-        return _pretty_json(obj.checkpoint)
+        return _payload(obj.checkpoint)
 
     @admin.display(description="progress")
     def progress_display(self, obj: Task) -> str:
-        return _pretty_json(obj.progress)
+        return _payload(obj.progress)
 
     @admin.display(description="metadata")
     def metadata_display(self, obj: Task) -> str:
@@ -765,15 +788,15 @@ class TaskAdmin(admin.ModelAdmin):
 
     @admin.display(description="parents (the tasks it waits for)")
     def parents_display(self, obj: Task) -> str:
-        return _edges_table(task_edges(obj, "parents"), "parent", "parents")
+        return _edges_table(task_edges(obj, "parents"), "parent", "parents", self.admin_site.name)
 
     @admin.display(description="children (the tasks waiting for it)")
     def children_display(self, obj: Task) -> str:
-        return _edges_table(task_edges(obj, "children"), "child", "children")
+        return _edges_table(task_edges(obj, "children"), "child", "children", self.admin_site.name)
 
     @admin.display(description="signals delivered")
     def signals_display(self, obj: Task) -> str:
-        return _pretty_json(obj.signals) if obj.signals else EMPTY
+        return _payload(obj.signals) if obj.signals else EMPTY
 
     @admin.display(description="woken by")
     def wake_display(self, obj: Task) -> str:
@@ -880,13 +903,12 @@ class TaskAdmin(admin.ModelAdmin):
         is shown again with them. Needs ``change_task``."""
         if not self.has_change_permission(request):
             raise PermissionDenied("Send signal: permission denied (needs change_task)")
+        request.current_app = self.admin_site.name  # the template's {% url %}s: this site
         task = self.get_object(request, object_id)
         if task is None:
             raise Http404(f"no task with id {object_id!r}")
         database = request_database(request)
-        change_url = with_database(
-            reverse("admin:django_pgqueue_task_change", args=[task.pk]), database
-        )
+        change_url = with_database(_url(self, "task_change", task.pk), database)
         if request.method == "POST":
             form = SignalForm(request.POST)
             if form.is_valid():
@@ -956,7 +978,7 @@ class TaskAdmin(admin.ModelAdmin):
         database = request_database(request)
         task = get_object_or_404(Task.objects.using(database), pk=object_id)
         op.run(self, request, [task.pk])
-        change_url = reverse("admin:django_pgqueue_task_change", args=[task.pk])
+        change_url = _url(self, "task_change", task.pk)
         return HttpResponseRedirect(with_database(change_url, database))
 
     def change_view(self, request, object_id, form_url="", extra_context=None):
@@ -967,14 +989,12 @@ class TaskAdmin(admin.ModelAdmin):
             for name in DETAIL_BUTTONS:
                 op = OPERATIONS[name]
                 if task.state in op.applies_to:
-                    url = reverse("admin:django_pgqueue_task_operate", args=[task.pk, name])
+                    url = _url(self, "task_operate", task.pk, name)
                     url = with_database(url, database)
                     buttons.append({"label": op.label, "url": url, "name": name})
             if task.state in LIVE_STATES:
                 send_signal = {
-                    "url": with_database(
-                        reverse("admin:django_pgqueue_task_signal", args=[task.pk]), database
-                    ),
+                    "url": with_database(_url(self, "task_signal", task.pk), database),
                     "form": SignalForm(initial={"name": task.wait_signal or ""}),
                 }
         context = {
@@ -987,7 +1007,7 @@ class TaskAdmin(admin.ModelAdmin):
         return super().change_view(request, object_id, form_url, context)
 
     def changelist_view(self, request, extra_context=None):
-        overview_url = reverse("admin:django_pgqueue_queueoverview_changelist")
+        overview_url = _url(self, "queueoverview_changelist")
         context = {
             **(extra_context or {}),
             "pgqueue_overview_url": overview_url,
@@ -1045,7 +1065,7 @@ class QueueOverviewAdmin(admin.ModelAdmin):
         queue = request.POST.get("queue", "")
         task_name = request.POST.get("task_name") or None
         what = f"task {task_name} in queue {queue}" if task_name else f"queue {queue}"
-        overview_url = reverse("admin:django_pgqueue_queueoverview_changelist")
+        overview_url = _url(self, "queueoverview_changelist")
         try:
             if action == "pause":
                 operations.pause(queue, task_name)
@@ -1070,9 +1090,10 @@ class QueueOverviewAdmin(admin.ModelAdmin):
     def changelist_view(self, request: HttpRequest, extra_context=None) -> HttpResponse:
         if not self.has_view_permission(request):
             raise PermissionDenied
+        request.current_app = self.admin_site.name  # the template's {% url %}s: this site
         refresh = request.GET.get("refresh", "")
         overview = build_overview()
-        tasks_url = reverse("admin:django_pgqueue_task_changelist")
+        tasks_url = _url(self, "task_changelist")
         for queue in overview["queues"]:
             for row in queue.rows:
                 base = {
@@ -1099,9 +1120,9 @@ class QueueOverviewAdmin(admin.ModelAdmin):
             "opts": self.model._meta,
             "refresh": int(refresh) if refresh.isdigit() and int(refresh) >= 2 else None,
             "tasks_url": tasks_url,
-            "workers_url": reverse("admin:django_pgqueue_worker_changelist"),
+            "workers_url": _url(self, "worker_changelist"),
             "can_pause": can_pause_queues(request),
-            "pause_url": reverse("admin:django_pgqueue_queueoverview_pause"),
+            "pause_url": _url(self, "queueoverview_pause"),
             **(extra_context or {}),
         }
         return TemplateResponse(request, "admin/django_pgqueue/overview.html", context)
@@ -1198,10 +1219,21 @@ class WorkerAdmin(admin.ModelAdmin):
                 "in_flight": sum(w.in_flight for w in live),
                 "stale_after": humanize_seconds(self._stale_after().total_seconds()),
             },
-            "pgqueue_overview_url": reverse("admin:django_pgqueue_queueoverview_changelist"),
+            "pgqueue_overview_url": _url(self, "queueoverview_changelist"),
         }
         return super().changelist_view(request, context)
 
 
 # -- periodic schedules: their own module -----------------------------------------------
-from django_pgqueue import admin_schedules  # noqa: E402, F401
+from django_pgqueue import admin_schedules  # noqa: E402
+
+
+def register(site: admin.AdminSite) -> None:
+    """Register the app's admin pages (tasks, the queue overview, workers, schedules) on
+    a project's own ``AdminSite``; ``admin.site`` has them already (docs/admin.md).
+    Their links stay on ``site``. Django's AlreadyRegistered if ``site`` has one of
+    these models."""
+    site.register(Task, TaskAdmin)
+    site.register(QueueOverview, QueueOverviewAdmin)
+    site.register(Worker, WorkerAdmin)
+    site.register(admin_schedules.Schedule, admin_schedules.ScheduleAdmin)

@@ -114,7 +114,11 @@ class ScheduleAdmin(admin.ModelAdmin):
         if obj.last_task_id is None:
             return EMPTY
         url = with_database(
-            reverse("admin:django_pgqueue_task_change", args=[obj.last_task_id]),
+            reverse(
+                "admin:django_pgqueue_task_change",
+                args=[obj.last_task_id],
+                current_app=self.admin_site.name,
+            ),
             database_of(obj._state.db),
         )
         return format_html('<a href="{}">#{}</a>', url, obj.last_task_id)

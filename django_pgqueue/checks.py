@@ -2,7 +2,9 @@
 
 A value of the wrong kind, out of its range or not one of its choices is found from its
 row of ``conf.SETTINGS``; the rules about several settings, or about other Django
-settings, are written out below.
+settings, are written out below. A hint points to the documentation by its URL
+(``DOCS_URL``, the Documentation URL of the package's metadata), never by a path in
+the repository, which an installed package does not have.
 """
 
 from __future__ import annotations
@@ -13,7 +15,10 @@ from django.db import connections
 from django_pgqueue.conf import SETTINGS, configured, get_settings, unknown_keys
 from django_pgqueue.exceptions import InvalidTaskError
 from django_pgqueue.limits import parse_limits
-from django_pgqueue.registry import validate_queue
+from django_pgqueue.registry import registry, validate_queue
+
+# The documentation, as pyproject.toml's [project.urls] Documentation names it.
+DOCS_URL = "https://github.com/django-pgqueue/django-pgqueue/tree/main/docs"
 
 # The id of each kind of problem found from the table.
 PROBLEM_IDS = {
@@ -32,7 +37,7 @@ def check_settings(app_configs, **kwargs):
         messages.append(
             Warning(
                 f"PGQUEUE[{key!r}] is not a django_pgqueue setting and is ignored",
-                hint="See docs/settings.md for the valid keys.",
+                hint=f"See {DOCS_URL}/settings.md for the valid keys.",
                 id="django_pgqueue.W001",
             )
         )
@@ -48,7 +53,8 @@ def check_settings(app_configs, **kwargs):
         messages.append(
             Error(
                 problem.message,
-                hint=f"{setting.doc} The default is {setting.default!r}; see docs/settings.md.",
+                hint=f"{setting.doc} The default is {setting.default!r}; "
+                f"see {DOCS_URL}/settings.md.",
                 id=KEPT_IDS.get((setting.name, problem.kind), PROBLEM_IDS[problem.kind]),
             )
         )
@@ -56,7 +62,9 @@ def check_settings(app_configs, **kwargs):
         try:
             parse_limits(project["QUEUE_LIMITS"])
         except ValueError as exc:
-            messages.append(Error(str(exc), hint="See docs/limits.md.", id="django_pgqueue.E020"))
+            messages.append(
+                Error(str(exc), hint=f"See {DOCS_URL}/limits.md.", id="django_pgqueue.E020")
+            )
     if "MIDDLEWARE" in project and "MIDDLEWARE" not in invalid:
         messages.extend(_check_middleware(project["MIDDLEWARE"]))
     conf = get_settings()
@@ -97,10 +105,38 @@ def _check_middleware(paths: list[str]) -> list[Error]:
                 Error(
                     f"PGQUEUE['MIDDLEWARE']: {wrong}",
                     hint="Each entry is the dotted path of a subclass of "
-                    "django_pgqueue.middleware.TaskMiddleware; see docs/middleware.md.",
+                    f"django_pgqueue.middleware.TaskMiddleware; see {DOCS_URL}/middleware.md.",
                     id="django_pgqueue.E040",
                 )
             )
+    return messages
+
+
+@register(Tags.compatibility)
+def check_task_queues(app_configs, **kwargs):
+    """A @task whose queue is not in PGQUEUE['QUEUES'] never runs on a worker started
+    without --queues: one warning per such queue, naming its tasks."""
+    if not isinstance(get_settings().QUEUES, list | tuple):
+        return []  # reported by check_settings
+    served = set(get_settings().QUEUES)
+    unserved: dict[str, list[str]] = {}
+    for definition in registry.all():
+        if definition.queue not in served:
+            unserved.setdefault(definition.queue, []).append(definition.name)
+    messages = []
+    for queue, names in sorted(unserved.items()):
+        names = sorted(set(names))
+        shown = ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
+        messages.append(
+            Warning(
+                f"queue {queue!r} of task(s) {shown} is not in PGQUEUE['QUEUES']: "
+                "runtaskworker without --queues will not run them",
+                hint=f"Add {queue!r} to PGQUEUE['QUEUES'], or, if a worker started with "
+                f"--queues serves it, add 'django_pgqueue.W003' to SILENCED_SYSTEM_CHECKS "
+                f"(see {DOCS_URL}/settings.md).",
+                id="django_pgqueue.W003",
+            )
+        )
     return messages
 
 

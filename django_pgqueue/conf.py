@@ -324,6 +324,12 @@ SETTINGS: tuple[Setting, ...] = (
         minimum=1, maximum=65535, nullable=True,
     ),
     Setting(
+        "METRICS_ADDR", "0.0.0.0", str,
+        "The address the worker's /metrics server binds: 0.0.0.0 (every interface) for "
+        "a Prometheus on another host; 127.0.0.1 for one on the same host.",
+        flag="--metrics-addr", help="address the /metrics server binds",
+    ),
+    Setting(
         "LOG_FORMAT", "text", str,
         'The format of the log handler the worker adds when LOGGING configures none for '
         'django_pgqueue or the root logger: "text", or "json" (one object per line, '
@@ -372,6 +378,12 @@ SETTINGS: tuple[Setting, ...] = (
         "Whether a worker enqueues the ticks of the periodic schedules of its queues "
         "(docs/periodic.md); False leaves them to other workers.",
         option="scheduler",
+    ),
+    # -- the admin ---------------------------------------------------------------------
+    Setting(
+        "ADMIN_SHOW_PAYLOADS", True, bool,
+        "Whether the admin's task pages show what the tasks' code put in a row: args, "
+        "kwargs, result, checkpoint, progress and the signals' payloads (docs/security.md).",
     ),
     # -- retention ---------------------------------------------------------------------
     Setting(

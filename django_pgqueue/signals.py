@@ -17,9 +17,9 @@ matched nothing: the outcome was lost), ``queue``, ``database`` (the alias of th
 task's table: task ids are per database), ``runtime`` (seconds the attempt
 ran: the handler's own time for a success, else from the claim to the outcome) and
 ``queue_wait`` (seconds the task was due before it was claimed, by the database's
-clock; metrics.py builds its histograms from these). Receivers run on the settler
-thread: keep them short; an exception in a receiver is logged and does not affect the
-task.
+clock; worker/metrics_server.py builds its histograms from these). Receivers run on
+the settler thread: keep them short; an exception in a receiver is logged and does not
+affect the task.
 """
 
 from django.dispatch import Signal

@@ -1,6 +1,6 @@
 """Counters a worker process keeps about itself (outcomes, leases, write-offs).
 
-``metrics.py`` exports them to Prometheus; the worker logs them when it stops.
+``metrics_server.py`` exports them to Prometheus; the worker logs them when it stops.
 """
 
 from __future__ import annotations

@@ -55,6 +55,7 @@ def run_child(
     metrics_port: int | None,
     ready_fd: int,
     log_format: str = "text",
+    metrics_addr: str = "0.0.0.0",
 ) -> int:
     """A worker process under the supervisor, started by ``spawn.start_child``."""
     # The name shows in log lines formatted with %(processName)s.
@@ -62,9 +63,9 @@ def run_child(
     configure_logging(log_level, log_format)
     worker = Worker(WorkerOptions(**options), supervised=True)
     if metrics_port:
-        from django_pgqueue.metrics import serve_worker_metrics, watch_worker
+        from django_pgqueue.worker.metrics_server import serve_worker_metrics, watch_worker
 
-        serve_worker_metrics(metrics_port)
+        serve_worker_metrics(metrics_port, metrics_addr)
         watch_worker(worker)
 
     def ready() -> None:
@@ -100,11 +101,13 @@ class Supervisor:
         log_level: str | None,
         metrics_port: int | None = None,
         log_format: str = "text",
+        metrics_addr: str = "0.0.0.0",
     ) -> None:
         """``processes`` children for each of ``options`` (a list: one per database
         whose queues the command serves, each with its ``database`` and queues)."""
         groups = options if isinstance(options, list) else [options]
         self.metrics_port = metrics_port
+        self.metrics_addr = metrics_addr
         self.options = groups[0]
         self.processes = processes * len(groups)
         self.log_level = log_level
@@ -160,6 +163,7 @@ class Supervisor:
                     "metrics_port": self.metrics_port + slot.index if self.metrics_port else None,
                     "ready_fd": write_fd,
                     "log_format": self.log_format,
+                    "metrics_addr": self.metrics_addr,
                 },
                 pass_fds=(write_fd,),
             )

@@ -65,6 +65,7 @@ class Command(BaseCommand):
         _check(options, opts)
         groups = _by_database(options, opts["database"])
         metrics_port = opts["metrics_port"] or get_settings().METRICS_PORT
+        metrics_addr = opts["metrics_addr"] or get_settings().METRICS_ADDR
         processes = opts["processes"] or get_settings().PROCESSES
         if processes > 1 or len(groups) > 1:
             if options.burst:
@@ -81,17 +82,22 @@ class Command(BaseCommand):
                 group.write_off_limit = 1
             sys.exit(
                 Supervisor(
-                    groups, processes, opts["log_level"], metrics_port, configured_format()
+                    groups,
+                    processes,
+                    opts["log_level"],
+                    metrics_port,
+                    configured_format(),
+                    metrics_addr=metrics_addr,
                 ).run()
             )
         [options] = groups
         if metrics_port:
-            from django_pgqueue.metrics import serve_worker_metrics
+            from django_pgqueue.worker.metrics_server import serve_worker_metrics
 
-            serve_worker_metrics(metrics_port)
+            serve_worker_metrics(metrics_port, metrics_addr)
         worker = Worker(options)
         if metrics_port:
-            from django_pgqueue.metrics import watch_worker
+            from django_pgqueue.worker.metrics_server import watch_worker
 
             watch_worker(worker)
         code = worker.run()

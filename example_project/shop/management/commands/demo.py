@@ -29,7 +29,9 @@ class Command(BaseCommand):
 
     def handle(self, *args, **options):
         call_command("migrate", verbosity=0)
-        self.stdout.write("migrated the database")
+        # The admin's static files, for runserver or gunicorn with DEBUG=False (WhiteNoise).
+        call_command("collectstatic", interactive=False, verbosity=0)
+        self.stdout.write("migrated the database and collected the static files")
 
         ids = []
         for n in range(3):
