@@ -131,6 +131,23 @@ def variants() -> dict[str, tuple[str, Variant]]:
                 cursor.execute(query, row, prepare=True)
                 cursor.fetchone()
 
+    class PreparedCursor(psycopg.Cursor):
+        """Server-side binding, every statement prepared: for Django's CursorWrapper,
+        whose execute() passes no prepare= of its own."""
+
+        def execute(self, query, params=None, **kwargs):  # type: ignore[override]
+            return super().execute(query, params, prepare=True, **kwargs)
+
+    def wrapped_prepared(start: int, n: int) -> None:
+        """Prepared, through Django's CursorWrapper: keeps what the wrapper does (the
+        execute_wrappers, the refusal to run in a broken atomic block, Django's error
+        classes, the query log under DEBUG)."""
+        for i in range(start, start + n):
+            row = row_of(i)
+            with connection._prepare_cursor(PreparedCursor(raw())) as cursor:
+                cursor.execute(query, row)
+                cursor.fetchone()
+
     def prepared_atomic(start: int, n: int) -> None:
         for i in range(start, start + n):
             with transaction.atomic():
@@ -163,6 +180,7 @@ def variants() -> dict[str, tuple[str, Variant]]:
         "client_binding": ("build_row + ClientCursor on the raw connection", client_binding),
         "server_binding": ("build_row + server-side binding, unprepared", server_binding),
         "prepared": ("build_row + server-side binding, prepared", prepared),
+        "wrapped_prepared": ("prepared, in Django's CursorWrapper", wrapped_prepared),
         "prepared_atomic": ("with atomic(): build_row + prepared", prepared_atomic),
         "floor": ("constant row cached, args only, prepared, one cursor", floor),
     }  # fmt: skip
@@ -321,6 +339,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", help="comma-separated variants (default: all)")
     parser.add_argument("--micro", action="store_true", help="time the Python steps alone")
     parser.add_argument("--profile", choices=["cprofile", "py-spy"])
+    parser.add_argument(
+        "--async-commit",
+        action="store_true",
+        help="synchronous_commit = off on the session: the CPU path alone, without the wait "
+        "for the WAL flush (the noisiest part on a shared machine's disk)",
+    )
     parser.add_argument("--loop", choices=["autocommit", "atomic"], help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
 
@@ -330,6 +354,11 @@ def main(argv: list[str] | None = None) -> int:
         return 0
 
     setup_django(prepare_database())
+    if args.async_commit:
+        from django.db import connection
+
+        with connection.cursor() as cursor:
+            cursor.execute("SET synchronous_commit = off")
     if args.profile == "cprofile":
         for mode in ("autocommit", "atomic"):
             print(f"== cProfile, {args.calls:,} enqueue(), {mode}")
@@ -352,7 +381,7 @@ def main(argv: list[str] | None = None) -> int:
     base = statistics.median(rates["enqueue"]) if "enqueue" in rates else None
     print(
         f"\n{args.calls:,} calls x {args.rounds} rounds, 1 client, one transaction each, "
-        "interleaved; medians"
+        f"interleaved; medians{'; synchronous_commit = off' if args.async_commit else ''}"
     )
     print(
         f"{'variant':<16} {'calls/s':>9} {'spread':>15} {'us/call':>8} {'ratio':>6} "
