@@ -7,7 +7,7 @@ parameter binding, the statement's parse and plan per call (prepared statements)
 the per-call Python that builds the row. Every variant runs ``--calls`` enqueues, one
 transaction each, 1 client; the variants are interleaved (rotated) in ``--rounds``
 rounds, the task table truncated before each, and reported as medians with their
-spread and as a ratio to the current ``enqueue()``. Nothing here is the package's code:
+spread and as the median of the per-round ratios to the current ``enqueue()``. Nothing here is the package's code:
 these are prototypes to show what each change buys (docs/performance.md, "The single
 enqueue's client path").
 
@@ -334,8 +334,16 @@ def pyspy(mode: str, calls: int) -> dict[str, float]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.enqueue_paths", description=__doc__)
-    parser.add_argument("--calls", type=int, default=5000)
-    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument(
+        "--calls", type=int, default=250, help="calls per variant per round (profiles: in all)"
+    )
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=30,
+        help="rounds; many short ones interleave the variants finely, so the machine's "
+        "other load moves them alike",
+    )
     parser.add_argument("--only", help="comma-separated variants (default: all)")
     parser.add_argument("--micro", action="store_true", help="time the Python steps alone")
     parser.add_argument("--profile", choices=["cprofile", "py-spy"])
@@ -378,7 +386,7 @@ def main(argv: list[str] | None = None) -> int:
     table = variants()
     names = args.only.split(",") if args.only else list(table)
     rates, cpu = measure(names, args.calls, args.rounds)
-    base = statistics.median(rates["enqueue"]) if "enqueue" in rates else None
+    base = rates.get("enqueue")
     print(
         f"\n{args.calls:,} calls x {args.rounds} rounds, 1 client, one transaction each, "
         f"interleaved; medians{'; synchronous_commit = off' if args.async_commit else ''}"
@@ -390,7 +398,13 @@ def main(argv: list[str] | None = None) -> int:
     for name in names:
         median = statistics.median(rates[name])
         spread = f"{min(rates[name]):,.0f}-{max(rates[name]):,.0f}"
-        ratio = f"{median / base:.2f}x" if base else ""
+        # The median of the per-round ratios: each round ran every variant back to back,
+        # so a machine that slows down between rounds moves both sides of each ratio.
+        ratio = (
+            f"{statistics.median(a / b for a, b in zip(rates[name], base, strict=True)):.2f}x"
+            if base
+            else ""
+        )
         print(
             f"{name:<16} {median:>9,.0f} {spread:>15} {1e6 / median:>8.0f} {ratio:>6} "
             f"{statistics.median(cpu[name]):>13.0f}  {table[name][0]}"
