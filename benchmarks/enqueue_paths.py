@@ -7,9 +7,9 @@ parameter binding, the statement's parse and plan per call (prepared statements)
 the per-call Python that builds the row. Every variant runs ``--calls`` enqueues, one
 transaction each, 1 client; the variants are interleaved (rotated) in ``--rounds``
 rounds, the task table truncated before each, and reported as medians with their
-spread and as the median of the per-round ratios to the current ``enqueue()``. Nothing here is the package's code:
-these are prototypes to show what each change buys (docs/performance.md, "The single
-enqueue's client path").
+spread and as the median of the per-round ratios to the current ``enqueue()``. Nothing
+here is the package's code: these are prototypes to show what each change buys
+(docs/performance.md, "The single enqueue's client path").
 
 ``--micro`` also times the Python steps of one enqueue without the database, and
 ``--profile cprofile`` / ``--profile py-spy`` profile ``enqueue()`` alone (autocommit
@@ -22,6 +22,7 @@ DATABASE_URL's server.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import cProfile
 import io
 import os
@@ -33,7 +34,7 @@ import sys
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from benchmarks.runner import (
@@ -78,6 +79,20 @@ def variants() -> dict[str, tuple[str, Variant]]:
         same transaction as the caller's Django cursor."""
         connection.ensure_connection()
         return connection.connection
+
+    @contextlib.contextmanager
+    def preparing() -> Iterator[None]:
+        """Let ``prepare=True`` prepare. Django opens its connections with
+        ``prepare_threshold=None`` (no prepared statements, for poolers' sake), and then
+        psycopg ignores ``prepare=True``; a threshold no query reaches lets an explicit
+        ``prepare=True`` through and prepares nothing else."""
+        conn = raw()
+        saved = conn.prepare_threshold
+        conn.prepare_threshold = 2**31 - 1
+        try:
+            yield
+        finally:
+            conn.prepare_threshold = saved
 
     def enqueue_autocommit(start: int, n: int) -> None:
         for i in range(start, start + n):
@@ -125,6 +140,10 @@ def variants() -> dict[str, tuple[str, Variant]]:
         """Server-side binding and a named prepared statement (prepare=True): parsed
         once per connection. Not behind a transaction pooler (PgBouncer < 1.21, or
         without max_prepared_statements)."""
+        with preparing():
+            prepared_calls(start, n)
+
+    def prepared_calls(start: int, n: int) -> None:
         for i in range(start, start + n):
             row = row_of(i)
             with psycopg.Cursor(raw()) as cursor:
@@ -142,19 +161,21 @@ def variants() -> dict[str, tuple[str, Variant]]:
         """Prepared, through Django's CursorWrapper: keeps what the wrapper does (the
         execute_wrappers, the refusal to run in a broken atomic block, Django's error
         classes, the query log under DEBUG)."""
-        for i in range(start, start + n):
-            row = row_of(i)
-            with connection._prepare_cursor(PreparedCursor(raw())) as cursor:
-                cursor.execute(query, row)
-                cursor.fetchone()
+        with preparing():
+            for i in range(start, start + n):
+                row = row_of(i)
+                with connection._prepare_cursor(PreparedCursor(raw())) as cursor:
+                    cursor.execute(query, row)
+                    cursor.fetchone()
 
     def prepared_atomic(start: int, n: int) -> None:
-        for i in range(start, start + n):
-            with transaction.atomic():
-                row = row_of(i)
-                with psycopg.Cursor(raw()) as cursor:
-                    cursor.execute(query, row, prepare=True)
-                    cursor.fetchone()
+        with preparing():
+            for i in range(start, start + n):
+                with transaction.atomic():
+                    row = row_of(i)
+                    with psycopg.Cursor(raw()) as cursor:
+                        cursor.execute(query, row, prepare=True)
+                        cursor.fetchone()
 
     base = row_of(0)
     constant = {k: v for k, v in base.items() if k in names and k not in ("args",)}
@@ -163,15 +184,13 @@ def variants() -> dict[str, tuple[str, Variant]]:
         """The floor of Python work: the row's constant part computed once (as it could
         be per task definition and options), per call only args' check and JSON, the
         transaction check, one prepared statement on one cursor kept open."""
-        conn = raw()
-        cursor = psycopg.Cursor(conn)
-        for i in range(start, start + n):
-            args = dumps(check_json((i,), "args"))
-            check_transaction(noop, "default", "default", "enqueue()")
-            params = [args if name == "args" else constant[name] for name in order]
-            cursor.execute(positional, params, prepare=True)
-            cursor.fetchone()
-        cursor.close()
+        with preparing(), psycopg.Cursor(raw()) as cursor:
+            for i in range(start, start + n):
+                args = dumps(check_json((i,), "args"))
+                check_transaction(noop, "default", "default", "enqueue()")
+                params = [args if name == "args" else constant[name] for name in order]
+                cursor.execute(positional, params, prepare=True)
+                cursor.fetchone()
 
     return {
         "enqueue": ("noop.enqueue(i), autocommit (today)", enqueue_autocommit),
@@ -195,6 +214,11 @@ def measure(
     table = variants()
     for _what, run in table.values():
         run(-100, 20)  # connect, and prepare what is prepared, before any clock
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT count(*) FROM pg_prepared_statements")
+        print(f"  prepared statements in the session: {cursor.fetchone()[0]}", flush=True)
     rates: dict[str, list[float]] = {name: [] for name in names}
     cpu: dict[str, list[float]] = {name: [] for name in names}
     for r in range(rounds):
