@@ -732,15 +732,17 @@ def w3_latency(n: int, gap: float) -> dict[str, Any]:
     reset_queue()
     worker = WorkerProcess(log_name="latency")
     sent: dict[int, tuple[float, float]] = {}
-    with raw_connection() as conn:
-        wait_idle_worker(conn)
-        for i in range(n):
-            before = time.time()
-            task_id = probe.enqueue(i)
-            sent[task_id] = (before, time.time())
-            time.sleep(gap)
-        wait_for(lambda: count(conn, "state = 'succeeded'") >= n, 60)
-    worker.stop()
+    try:
+        with raw_connection() as conn:
+            wait_idle_worker(conn)
+            for i in range(n):
+                before = time.time()
+                task_id = probe.enqueue(i)
+                sent[task_id] = (before, time.time())
+                time.sleep(gap)
+            wait_for(lambda: count(conn, "state = 'succeeded'") >= n, 60)
+    finally:  # a failed step must not leave the worker draining the next workload
+        worker.stop()
     started = dict(Task.objects.filter(pk__in=sent).values_list("pk", "result"))
     lat = [(started[pk] - t0) * 1000 for pk, (t0, _) in sent.items()]
     after_commit = [(started[pk] - t1) * 1000 for pk, (_, t1) in sent.items()]
