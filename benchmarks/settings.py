@@ -100,6 +100,23 @@ elif os.environ.get("PGQUEUE_BENCH_OTEL") == "off":
 
     sys.modules["opentelemetry"] = None
 
+# W1's framework variant (benchmarks/framework_tasks.py): Django's Tasks framework on
+# this queue, when the framework is there (Django 6, or the django-tasks backport).
+try:
+    import django.tasks  # noqa: F401
+
+    _framework = True
+except ImportError:
+    try:
+        import django_tasks  # noqa: F401
+
+        _framework = True
+        INSTALLED_APPS.append("django_tasks")
+    except ImportError:
+        _framework = False
+if _framework:
+    TASKS = {"default": {"BACKEND": "django_pgqueue.backends.PgQueueBackend"}}
+
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
