@@ -26,7 +26,16 @@ ARTIFACTS = REPO / "test-artifacts"
 
 @pytest.fixture(scope="session")
 def django_db_modify_db_settings(django_db_modify_db_settings_parallel_suffix: None) -> None:
-    """Start the embedded server once per run when no DATABASE_URL is given."""
+    """Name queue2's test database after the default's, and start the embedded server
+    (once, shared by every xdist worker: pgserver counts its users) when no DATABASE_URL
+    is given."""
+    # A worker subprocess given the test database's URL names queue2 after it
+    # (tests/settings.py); under xdist pytest-django suffixes each test database with the
+    # worker id (test_pgqueue_gw0, test_pgqueue_queue2_gw0), so queue2's is set to match.
+    default = connections["default"].settings_dict
+    default_test_name = default.get("TEST", {}).get("NAME") or f"test_{default['NAME']}"
+    queue2 = connections["queue2"].settings_dict
+    queue2["TEST"] = {**queue2.get("TEST", {}), "NAME": f"{default_test_name}_queue2"}
     if os.environ.get("DATABASE_URL"):
         return
     from django_pgqueue.embedded import embedded_database_url

@@ -30,7 +30,7 @@ from tests import ledger
 from tests.conftest import WorkerProcess, wait_until
 from tests.ledger_tasks import ledger_run
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
 FAST_LEASE = ("--lease", "2", "--heartbeat", "0.5", "--sweep-interval", "0.25")
 CHAOS_SECONDS = float(os.environ.get("PGQUEUE_CHAOS_SECONDS", "40"))

@@ -28,7 +28,7 @@ def test_the_example_projects_tests_pass(django_db_modify_db_settings: None) -> 
     }
     command = [
         sys.executable, "-m", "pytest", "example_project", "--ds", "example_project.settings",
-        "-p", "no:cacheprovider", "-q", "-p", "no:xdist",
+        "-p", "no:cacheprovider", "-q", "-n", "0",
     ]  # fmt: skip
     done = subprocess.run(
         command, cwd=REPO, env=env, capture_output=True, text=True, timeout=300

@@ -77,6 +77,7 @@ def lossy(db_url: str):
 
 
 # -- issue 8.1: a re-claimed task keeps its lease -------------------------------------
+@pytest.mark.slow  # a 3 s lease recovered within 10 s: not under other tests' load
 def test_the_late_outcome_of_an_old_run_does_not_cost_the_new_attempt_its_lease(
     start_worker, tmp_path
 ):

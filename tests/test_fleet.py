@@ -52,6 +52,7 @@ def test_the_heartbeat_counts_the_live_workers(pg):
     assert live == 3  # the one silent for 10 minutes is gone
 
 
+@pytest.mark.slow  # 34 s, and other tests' load slows its workers' statements down
 def test_idle_workers_cost_under_two_statements_a_second_each(start_worker):
     # Given four idle worker processes with the default settings, past their first
     # heartbeat (which counts them)

@@ -23,7 +23,9 @@ from tests import ledger
 from tests.conftest import wait_until
 from tests.pgcluster import ClusterUnavailable, PrivateCluster, django_shell
 
-pytestmark = pytest.mark.django_db(transaction=True)  # start_worker's fixtures need it
+# start_worker's fixtures need the transactional database; restarts of a private cluster
+# are slow.
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
 
 @pytest.fixture(scope="module")

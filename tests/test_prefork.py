@@ -117,6 +117,7 @@ def test_a_handler_past_its_timeout_is_killed_before_its_retry_starts(start_work
     assert not alive(runs[0]["pid"])
 
 
+@pytest.mark.slow  # two starts within 1.5 s of each other: not under other tests' load
 def test_a_killed_handlers_slot_gets_a_new_process_and_full_concurrency_remains(
     start_worker, ledger_file
 ):

@@ -69,6 +69,7 @@ def test_the_starvation_escape_takes_one_task_per_window_fleet_wide(pg):
     assert len((first | second) & {u.id for u in urgent}) == 7
 
 
+@pytest.mark.slow  # a share of claims per second, which other tests' load skews
 def test_priority_holds_under_a_sustained_backlog_of_old_low_priority_work(start_worker):
     # given: a backlog of low-priority tasks that becomes starving at once, under more
     # high-priority work than the worker can do

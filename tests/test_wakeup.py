@@ -194,6 +194,7 @@ def test_a_claimer_cannot_park_while_an_enqueue_that_saw_no_mark_is_in_flight(pg
     assert pg.execute(PARKED_MARKS).fetchone()[0] == 1
 
 
+@pytest.mark.slow  # a start within 2 s of the commit: not under other tests' load
 def test_a_task_committed_after_the_worker_parked_without_a_notification_runs_promptly(
     start_worker, pg
 ):

@@ -310,6 +310,7 @@ def test_signal_payloads_must_be_json():
     assert json.dumps(row(task_id).signals) == "{}"
 
 
+@pytest.mark.slow  # a second worker started within the slow member's 3 s: not under load
 def test_a_worker_killed_running_a_chords_last_member_still_gets_the_callback_run_once(
     start_worker, ledger_file
 ):
