@@ -405,7 +405,7 @@ class Worker:
     def stop(self) -> None:
         self._stop_requested.set()
 
-    def request_recycle(self, reason: str = "too many slots written off") -> None:
+    def request_recycle(self, reason: str) -> None:
         logger.error("%s; stopping so this process is replaced", reason)
         self.exit_code = EXIT_RECYCLE
         self._stop_requested.set()
