@@ -97,15 +97,12 @@ def reexec() -> None:
 
 
 class Worker:
-    def __init__(
-        self, options: WorkerOptions, supervised: bool = False, recycle_in_place: bool = False
-    ) -> None:
-        """``supervised``: a child of the supervisor, which replaces it when it exits.
-        ``recycle_in_place``: when it recycles, the process runs its own command again
-        (``reexec``) rather than exiting with EXIT_RECYCLE."""
+    def __init__(self, options: WorkerOptions, supervised: bool = False) -> None:
+        """``supervised``: a child of the supervisor, which replaces it when it exits
+        (EXIT_RECYCLE when it recycles). A worker on its own recycles in place: it runs
+        its command again (``reexec``)."""
         conf = get_settings()
         self.options = options
-        self.recycle_in_place = recycle_in_place
         # The database of this worker's queues (PGQUEUE['DATABASES']): runtaskworker
         # starts one worker per database when its queues are on several.
         self.alias = options.database or conf.DATABASE
@@ -500,7 +497,7 @@ class Worker:
                 len(stuck),
             )
             logging.shutdown()
-            if self.exit_code == EXIT_RECYCLE and self.recycle_in_place:
+            if self.exit_code == EXIT_RECYCLE and not self.supervised:
                 reexec()
             os._exit(self.exit_code)
         if self._async_runner is not None:

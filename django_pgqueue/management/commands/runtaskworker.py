@@ -85,7 +85,7 @@ class Command(BaseCommand):
             from django_pgqueue.metrics import serve_worker_metrics
 
             serve_worker_metrics(metrics_port)
-        worker = Worker(options, recycle_in_place=True)
+        worker = Worker(options)
         if metrics_port:
             from django_pgqueue.metrics import watch_worker
 
