@@ -196,8 +196,9 @@ def test_a_worker_recycles_itself_in_place_after_write_off_limit_write_offs(star
     assert worker.proc.poll() is None
     assert not Worker.objects.filter(id=first_id).exists()
     assert "too many slots written off" in worker.log()
-    # both attempts were settled as timeouts as the old process left, and the fresh
-    # process runs tasks
+    # both attempts were settled as timeouts (not released) as the old process left,
+    # and the fresh process runs tasks
+    assert "releasing its lease" not in worker.log()
     for task_id in hung:
         [error] = settled(task_id).errors
         assert error["type"] == "TimeoutError"
@@ -333,6 +334,7 @@ def test_a_process_holding_a_hung_handler_exits_after_write_off_exit_after_and_i
     report = check_ledger(ledger_file, [hung, *healthy])
     assert report.justified_overlaps == 0
     # The stuck process's healthy tasks finished there: none was released or retried
+    assert "releasing its lease" not in supervisor.log()
     assert set(Task.objects.filter(pk__in=healthy).values_list("attempt", flat=True)) == {1}
     assert all(len(runs(ledger_file, task_id)) == 1 for task_id in healthy)
     assert [r.pid for t in healthy for r in runs(ledger_file, t)].count(stuck_pid) == 2

@@ -141,9 +141,10 @@ class SlotPool:
             return [s.task for s in self._slots if s.task is not None]
 
     def stuck(self) -> list[ClaimedTask]:
-        """The tasks of written-off handlers that have not returned (leases still held)."""
+        """The tasks of written-off handlers that have not returned, abandoned or not:
+        never released, never waited for at shutdown."""
         with self._slots_lock:
-            return [s.task for s in self._stuck if s.task is not None and not s.settled]
+            return [s.task for s in self._stuck if s.task is not None]
 
     def abandon_stuck(self) -> list[ClaimedTask]:
         """For the exit: the tasks of written-off handlers still running, each marked
