@@ -271,6 +271,14 @@ SETTINGS: tuple[Setting, ...] = (
         minimum=1,
     ),
     Setting(
+        "WRITE_OFF_EXIT_AFTER", 60.0, float,
+        "Seconds a written-off handler may go on running (its task keeps its lease "
+        "meanwhile) before its worker process stops claiming, settles it as a timeout "
+        "and exits, to be replaced.",
+        option="write_off_exit_after",
+        minimum=0,
+    ),
+    Setting(
         "EXECUTION", "thread", str,
         '"thread": handlers run in the slot threads; "process": each slot owns a child '
         "process that runs its handlers and is killed on timeout and hard cancel.",

@@ -37,3 +37,13 @@ def ledger_keyed(context: TaskContext, n: int, key: str, seconds: float = 0.1) -
     time.sleep(seconds)
     record_run("end", context.task_id, context.attempt, context.lease_token)
     return n
+
+
+@task(takes_context=True, max_attempts=3)
+def ledger_overrun(context: TaskContext, first_seconds: float, seconds: float = 0.05) -> int:
+    """A handler that ignores its timeout on the first attempt: it sleeps ``first_seconds``
+    through it (give it a short ``timeout``); later attempts work for ``seconds``."""
+    record_run("start", context.task_id, context.attempt, context.lease_token)
+    time.sleep(first_seconds if context.attempt == 1 else seconds)
+    record_run("end", context.task_id, context.attempt, context.lease_token)
+    return context.attempt

@@ -103,6 +103,8 @@ if "PGQUEUE_TEST_TIMEOUT_GRACE" in os.environ:
     PGQUEUE["TIMEOUT_GRACE"] = float(os.environ["PGQUEUE_TEST_TIMEOUT_GRACE"])
 if "PGQUEUE_TEST_WRITE_OFF_LIMIT" in os.environ:
     PGQUEUE["WRITE_OFF_LIMIT"] = int(os.environ["PGQUEUE_TEST_WRITE_OFF_LIMIT"])
+if "PGQUEUE_TEST_WRITE_OFF_EXIT_AFTER" in os.environ:
+    PGQUEUE["WRITE_OFF_EXIT_AFTER"] = float(os.environ["PGQUEUE_TEST_WRITE_OFF_EXIT_AFTER"])
 # tests/test_outage.py shortens dead-connection detection in the workers it starts.
 if "PGQUEUE_TEST_DEAD_CONNECTION_TIMEOUT" in os.environ:
     PGQUEUE["DEAD_CONNECTION_TIMEOUT"] = float(os.environ["PGQUEUE_TEST_DEAD_CONNECTION_TIMEOUT"])

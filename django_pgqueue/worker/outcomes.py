@@ -19,7 +19,11 @@ rule says no retry              ``discard_on``, or none of ``retry_on`` (the err
                                 signal already came or the tasks already ended)
 ``Cancelled`` / cancel request  cancelled, error says why
 timeout / written off / killed  as raised, with a TimeoutError (of the exception rules,
-                                only ``discard_on`` applies to it)
+                                only ``discard_on`` applies to it); a written-off
+                                handler is settled so when it returns, whatever it
+                                returned or raised
+written off, still running at   as a timeout, due no sooner than ``RELEASE_DELAY`` after
+the exit of its process         the write (the process exits right after it)
 hard cancel (process killed)    cancelled, error says the handler was killed
 payload cannot run              failed at once, no retry (bad stored args, bad result)
 lease lapsed before the start    not run: pending again (failed on the last attempt), as
@@ -265,6 +269,17 @@ def timed_out(task: ClaimedTask, message: str) -> Outcome:
     if rule is None:
         return failed(task, error, label=TIMEOUT)
     return failed(task, {**error, "rule": rule}, label=TIMEOUT, retryable=False)
+
+
+def abandoned(task: ClaimedTask, message: str) -> Outcome:
+    """A written-off handler still running when its process exits: settled as a timeout,
+    and due again no sooner than ``RELEASE_DELAY`` after the write, as a release is. The
+    process exits right after the write (its handler threads die with it), so the next
+    run never overlaps the abandoned one."""
+    outcome = timed_out(task, message)
+    if outcome.state == "pending":
+        outcome.delay = max(outcome.delay or 0.0, RELEASE_DELAY)
+    return outcome
 
 
 def expired_before_start(task: ClaimedTask) -> Outcome:

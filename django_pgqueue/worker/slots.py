@@ -1,10 +1,14 @@
 """Slots: threads that only run handlers, and the watchdog that writes off stuck ones.
 
 A thread cannot be interrupted. A handler that ignores its deadline keeps its thread;
-past ``timeout + grace`` the watchdog writes the slot off: the attempt is settled as a
-timeout (so the task is retried elsewhere, visibly, on a counter and in the log), a new
-thread takes the slot's place so capacity is not lost, and once too many slots are
-written off the process asks to be recycled.
+past ``timeout + grace`` the watchdog writes the slot off: a new thread takes the
+slot's place so capacity is not lost, and the stuck thread is abandoned, visibly, on a
+counter and in the log. Its task keeps its lease (it stays in flight, so the heartbeat
+renews it): no other run of the task can start while the handler may still run. The
+attempt is settled as a timeout when the handler returns, whatever it returned or
+raised. A handler still running ``exit_after`` seconds after its write-off, or too
+many write-offs, make the process ask to be recycled: it then settles what is still
+stuck (``abandon_stuck``) and exits right after that write.
 """
 
 from __future__ import annotations
@@ -35,7 +39,11 @@ class _Slot:
         self.number = number
         self.lock = threading.Lock()
         self.task: ClaimedTask | None = None
-        self.written_off = False
+        # monotonic: when the watchdog wrote the slot off (None: it was not).
+        self.written_off_at: float | None = None
+        # Its written-off attempt was settled (by the handler's return, or by the exit):
+        # whoever comes second writes nothing.
+        self.settled = False
         self.thread: threading.Thread | None = None
 
 
@@ -50,7 +58,8 @@ class SlotPool:
         stats: WorkerStats,
         timeout_grace: float,
         write_off_limit: int,
-        on_recycle: Callable[[], None],
+        on_recycle: Callable[[str], None],
+        exit_after: float = 60.0,
         changed: threading.Condition | None = None,
     ) -> None:
         self.size = size
@@ -66,12 +75,16 @@ class SlotPool:
         self._stats = stats
         self._timeout_grace = timeout_grace
         self._write_off_limit = write_off_limit
+        self._exit_after = exit_after
         self._on_recycle = on_recycle
+        self._recycle_asked = False
         self._work: queue.SimpleQueue = queue.SimpleQueue()
         self._free = self.capacity
         # Shared with the async slots, if any: the claimer waits for either to free up.
         self._free_changed = changed or threading.Condition()
         self._slots: list[_Slot] = []
+        # Written-off slots whose handler has not returned: their threads and leases.
+        self._stuck: list[_Slot] = []
         self._slots_lock = threading.Lock()
         self._next_number = 0
         self._stopping = threading.Event()
@@ -125,7 +138,28 @@ class SlotPool:
 
     def busy(self) -> list[ClaimedTask]:
         with self._slots_lock:
-            return [s.task for s in self._slots if s.task is not None and not s.written_off]
+            return [s.task for s in self._slots if s.task is not None]
+
+    def stuck(self) -> list[ClaimedTask]:
+        """The tasks of written-off handlers that have not returned, abandoned or not:
+        never released, never waited for at shutdown."""
+        with self._slots_lock:
+            return [s.task for s in self._stuck if s.task is not None]
+
+    def abandon_stuck(self) -> list[ClaimedTask]:
+        """For the exit: the tasks of written-off handlers still running, each marked
+        settled so that a handler returning from now on writes nothing. The caller
+        settles them (``outcomes.abandoned``) and the process exits right after."""
+        with self._slots_lock:
+            stuck = list(self._stuck)
+        tasks = []
+        for slot in stuck:
+            with slot.lock:
+                if slot.task is None or slot.settled:
+                    continue
+                slot.settled = True
+                tasks.append(slot.task)
+        return tasks
 
     def _spawn(self) -> None:
         with self._slots_lock:
@@ -149,19 +183,45 @@ class SlotPool:
             self._observe(time.monotonic() - task.started_monotonic)
             with slot.lock:
                 slot.task = None
-                if slot.written_off:
-                    logger.warning(
-                        "task %s attempt %s: handler returned after its slot was written off "
-                        "(outcome %s discarded; the attempt was already settled as a timeout)",
-                        task.id,
-                        task.attempt,
-                        outcome.label,
-                        extra=task_fields(task, outcome=outcome.label),
-                    )
-                    self._stats.incr("late_return")
-                    return
+                written_off = slot.written_off_at is not None
+                settle = written_off and not slot.settled
+                slot.settled = written_off
+            if written_off:
+                # The slot was replaced at the write-off: this thread ends here.
+                with self._slots_lock:
+                    self._stuck.remove(slot)
+                if settle:
+                    self._late_return(task, outcome)
+                return
             self._on_outcome(outcome)
             self._freed()
+
+    def _late_return(self, task: ClaimedTask, outcome: Outcome) -> None:
+        """A written-off handler returned: settle its attempt as the timeout it was."""
+        ran = time.monotonic() - task.started_monotonic
+        logger.warning(
+            "%s: its handler returned %.1fs after its start, after its slot was written "
+            "off; the attempt is settled as a timeout (its %s outcome is discarded) and "
+            "the task's lease is given up",
+            task.log_prefix(),
+            ran,
+            outcome.label,
+            extra=task_fields(task, outcome=TIMEOUT, duration=round(ran, 6)),
+        )
+        self._stats.incr("late_return")
+        self._on_outcome(
+            timed_out(task, self._overran(task, f"its handler returned {ran:.1f}s after its start"))
+        )
+
+    def _overran(self, task: ClaimedTask, then: str) -> str:
+        return (
+            f"the attempt overran its timeout of {task.timeout:g}s plus "
+            f"{self._timeout_grace:g}s grace; its slot was written off and {then}"
+        )
+
+    def exit_message(self, task: ClaimedTask) -> str:
+        """The error of an attempt abandoned at the exit (``abandon_stuck``)."""
+        return self._overran(task, "its handler was still running when its process exited")
 
     def _observe(self, seconds: float) -> None:
         """Feed the adaptive prefetch: a moving average over about the last 20 tasks."""
@@ -179,24 +239,42 @@ class SlotPool:
             now = time.monotonic()
             with self._slots_lock:
                 slots = list(self._slots)
+                stuck = list(self._stuck)
             for slot in slots:
                 self._check(slot, now)
+            held = [s for s in stuck if now - s.written_off_at >= self._exit_after]
+            if held and not self._recycle_asked:
+                self._recycle(
+                    f"{held[0].task.log_prefix() if held[0].task else 'a handler'} has run "
+                    f"on for {self._exit_after:g}s (WRITE_OFF_EXIT_AFTER) since its slot was "
+                    "written off; its task keeps its lease until this process exits"
+                )
+
+    def _recycle(self, reason: str) -> None:
+        self._recycle_asked = True
+        self._on_recycle(reason)
 
     def _check(self, slot: _Slot, now: float) -> None:
-        with slot.lock:
+        # Both locks: the handler's thread, returning now, sees the slot either still in
+        # service or written off and among the stuck ones.
+        with self._slots_lock, slot.lock:
             task = slot.task
-            if task is None or slot.written_off or task.deadline_monotonic is None:
+            if task is None or slot.written_off_at is not None or task.deadline_monotonic is None:
                 return
             if now < task.deadline_monotonic + self._timeout_grace:
                 return
-            slot.written_off = True
+            slot.written_off_at = now
+            self._slots.remove(slot)
+            self._stuck.append(slot)
         self.written_off += 1
         self._stats.incr("written_off")
         logger.error(
             "task %s (%s) attempt %s overran its timeout of %gs by more than the %gs grace; "
             "its thread cannot be interrupted, so slot %s is written off (%s of %s allowed) "
-            "and the attempt is settled as a timeout. The handler may still be running: "
-            "check context.should_stop() in long handlers.",
+            "and a new thread takes its place. The task keeps its lease until the handler "
+            "returns (the attempt is then settled as a timeout), or at most %gs "
+            "(WRITE_OFF_EXIT_AFTER), when this process exits to end it: check "
+            "context.should_stop() in long handlers.",
             task.id,
             task.task_name,
             task.attempt,
@@ -205,21 +283,13 @@ class SlotPool:
             slot.number,
             self.written_off,
             self._write_off_limit,
+            self._exit_after,
             extra=task_fields(
                 task, outcome=TIMEOUT, duration=round(now - task.started_monotonic, 6)
             ),
         )
-        self._on_outcome(
-            timed_out(
-                task,
-                f"the attempt overran its timeout of {task.timeout:g}s plus "
-                f"{self._timeout_grace:g}s grace; its slot was written off",
-            )
-        )
-        with self._slots_lock:
-            self._slots.remove(slot)
         if not self._stopping.is_set():
             self._spawn()
         self._freed()
-        if self.written_off >= self._write_off_limit:
-            self._on_recycle()
+        if self.written_off >= self._write_off_limit and not self._recycle_asked:
+            self._recycle("too many slots written off")

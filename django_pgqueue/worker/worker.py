@@ -9,6 +9,7 @@ import logging
 import os
 import signal
 import socket
+import sys
 import threading
 import time
 import uuid
@@ -31,7 +32,7 @@ from django_pgqueue.worker.execution import execute
 from django_pgqueue.worker.heartbeat import Heartbeat
 from django_pgqueue.worker.inflight import InFlight
 from django_pgqueue.worker.logging import task_fields
-from django_pgqueue.worker.outcomes import Outcome, expired_before_start, released
+from django_pgqueue.worker.outcomes import Outcome, abandoned, expired_before_start, released
 from django_pgqueue.worker.periodic import Fleet
 from django_pgqueue.worker.prefork import DEADLINE_MARGIN, PreforkPool
 from django_pgqueue.worker.pruner import Pruner
@@ -44,7 +45,8 @@ from django_pgqueue.worker.vacuumer import Vacuumer
 
 logger = logging.getLogger("django_pgqueue.worker")
 
-# Exit code of a worker that stopped to be replaced (too many written-off slots).
+# Exit code of a worker that stopped to be replaced (a written-off handler ran on for
+# WRITE_OFF_EXIT_AFTER, or too many written-off slots).
 EXIT_RECYCLE = 75
 # A claimed task whose lease holds for less than this (seconds) is not started.
 LEASE_MARGIN = 1.0
@@ -85,8 +87,20 @@ WorkerOptions = make_dataclass(
 )
 
 
+def reexec() -> None:
+    """Replace this process with a fresh run of the same command, under the same pid.
+    Every thread of the old process, a stuck handler's too, ends here."""
+    sys.stderr.write("recycling: starting a fresh worker process\n")
+    sys.stderr.flush()
+    # sys.orig_argv keeps "-m django" when that is how the worker was started.
+    os.execv(sys.executable, [sys.executable, *sys.orig_argv[1:]])
+
+
 class Worker:
     def __init__(self, options: WorkerOptions, supervised: bool = False) -> None:
+        """``supervised``: a child of the supervisor, which replaces it when it exits
+        (EXIT_RECYCLE when it recycles). A worker on its own recycles in place: it runs
+        its command again (``reexec``)."""
         conf = get_settings()
         self.options = options
         # The database of this worker's queues (PGQUEUE['DATABASES']): runtaskworker
@@ -148,6 +162,7 @@ class Worker:
             + (options.kill_grace + DEADLINE_MARGIN if self.pool is not None else 0),
             write_off_limit=options.write_off_limit,
             on_recycle=self.request_recycle,
+            exit_after=options.write_off_exit_after,
         )
         # Async handlers get async slots (no thread each) when they run in this process.
         self.async_slots: AsyncSlots | None = None
@@ -387,8 +402,8 @@ class Worker:
     def stop(self) -> None:
         self._stop_requested.set()
 
-    def request_recycle(self) -> None:
-        logger.error("too many slots written off; stopping so this process is replaced")
+    def request_recycle(self, reason: str) -> None:
+        logger.error("%s; stopping so this process is replaced", reason)
         self.exit_code = EXIT_RECYCLE
         self._stop_requested.set()
 
@@ -425,6 +440,9 @@ class Worker:
         """Stop claiming at once, let handlers finish within the grace period, then
         release what is still running (fenced; the attempt is not refunded).
 
+        Written-off handlers (stuck past their timeout, their leases held) are not waited
+        for; those still running then are settled as timeouts (``outcomes.abandoned``).
+
         A handler thread cannot be stopped, so a release must never let another worker
         start the task while its handler still runs here: the released row becomes due
         only ``RELEASE_DELAY`` after the release commits, and this process exits right
@@ -434,14 +452,24 @@ class Worker:
         """
         self.claimer.stop()
         deadline = time.monotonic() + self.options.shutdown_grace
-        while time.monotonic() < deadline and self.inflight.running():
+        while time.monotonic() < deadline and self._unfinished():
             time.sleep(0.02)
-        unfinished = self.inflight.running()
+        stuck = self.slots.abandon_stuck()
+        unfinished = self._unfinished()
         for component in self._maintenance():
             component.stop()
         self._unregister()
-        if unfinished and self.pool is not None:
+        if (unfinished or stuck) and self.pool is not None:
             self.pool.kill_running()
+        for task in stuck:
+            logger.warning(
+                "%s: its written-off handler is still running; settling the attempt as a "
+                "timeout, and exiting right after the write to end the handler",
+                task.log_prefix(),
+                extra=task_fields(task, outcome="timeout", worker=self.worker_id,
+                                  database=self.alias),
+            )  # fmt: skip
+            self.settler.put(abandoned(task, self.slots.exit_message(task)))
         for task in unfinished:
             logger.warning(
                 "%s did not finish within the grace period; releasing its lease",
@@ -461,16 +489,24 @@ class Worker:
             self.worker_id,
             " ".join(f"{k}={v}" for k, v in sorted(counts.items())) or "no tasks",
         )
-        if unfinished and self.pool is None:
+        if (unfinished or stuck) and self.pool is None:
             logger.warning(
-                "exiting now: %d released handler(s) are still running and must not "
-                "outlive the release",
+                "exiting now: %d released and %d written-off handler(s) are still running "
+                "and must not outlive their settlement",
                 len(unfinished),
+                len(stuck),
             )
             logging.shutdown()
+            if self.exit_code == EXIT_RECYCLE and not self.supervised:
+                reexec()
             os._exit(self.exit_code)
         if self._async_runner is not None:
             self._async_runner.stop()
+
+    def _unfinished(self) -> list[ClaimedTask]:
+        """Claims whose handler has not returned, but for written-off ones."""
+        stuck = {task.lease for task in self.slots.stuck()}
+        return [task for task in self.inflight.running() if task.lease not in stuck]
 
     def _maintenance(self) -> list:
         """The periodic components: stopped before the final release is written."""

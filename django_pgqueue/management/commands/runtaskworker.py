@@ -6,7 +6,6 @@ setting, and its help shows the setting's effective value as the default.
 
 from __future__ import annotations
 
-import os
 import sys
 from dataclasses import replace
 from typing import Any
@@ -22,7 +21,7 @@ from django_pgqueue.conf import (
 )
 from django_pgqueue.registry import validate_queue
 from django_pgqueue.worker.logging import configure_logging, configured_format
-from django_pgqueue.worker.worker import EXIT_RECYCLE, Worker, WorkerOptions
+from django_pgqueue.worker.worker import EXIT_RECYCLE, Worker, WorkerOptions, reexec
 
 FLAG_SETTINGS = [s for s in SETTINGS if s.flag is not None]
 
@@ -77,9 +76,6 @@ class Command(BaseCommand):
                 )
             from django_pgqueue.worker.supervisor import Supervisor
 
-            for group in groups:
-                # A child whose handler overran its ceiling exits at once and is replaced.
-                group.write_off_limit = 1
             sys.exit(
                 Supervisor(
                     groups,
@@ -102,9 +98,7 @@ class Command(BaseCommand):
             watch_worker(worker)
         code = worker.run()
         if code == EXIT_RECYCLE:
-            self.stderr.write("recycling: starting a fresh worker process")
-            # sys.orig_argv keeps "-m django" when that is how the worker was started.
-            os.execv(sys.executable, [sys.executable, *sys.orig_argv[1:]])
+            reexec()
         sys.exit(code)
 
 
