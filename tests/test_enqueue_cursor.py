@@ -97,11 +97,14 @@ def test_the_enqueue_is_in_the_callers_transaction_and_in_djangos_query_log(
     conn_max_age,
 ) -> None:
     # When a task is enqueued in a block that rolls back, with Django's query log on
-    with CaptureQueriesContext(connection) as queries:
-        with pytest.raises(RuntimeError), transaction.atomic():
-            noop.enqueue(1)
-            assert Task.objects.count() == 1  # seen inside the transaction
-            raise RuntimeError
+    with (
+        CaptureQueriesContext(connection) as queries,
+        pytest.raises(RuntimeError),
+        transaction.atomic(),
+    ):
+        noop.enqueue(1)
+        assert Task.objects.count() == 1  # seen inside the transaction
+        raise RuntimeError
     # Then the task went with the transaction, and Django logged the statement
     assert Task.objects.count() == 0
     assert any("INSERT INTO pgqueue_task" in q["sql"] for q in queries.captured_queries)
