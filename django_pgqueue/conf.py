@@ -301,6 +301,16 @@ SETTINGS: tuple[Setting, ...] = (
         "behind PgBouncer in transaction mode).",
     ),
     Setting(
+        "PREPARE_ENQUEUE", None, bool,
+        "Whether enqueue sends its statement as a prepared statement on the caller's "
+        "connection. None: where the connection outlives a request (CONN_MAX_AGE or "
+        "Django's pool), unless TRANSACTION_POOLER or PREPARED_STATEMENTS = False. True: "
+        "always (a pooler that keeps prepared statements: PgBouncer 1.21+ with "
+        "max_prepared_statements). False: never (the parameters are still bound on the "
+        "server).",
+        nullable=True,
+    ),
+    Setting(
         "TRANSACTION_POOLER", False, bool,
         "DATABASE is reached through a transaction-mode pooler (PgBouncer): the worker "
         "relies on no session state there (no prepared statements, no session "

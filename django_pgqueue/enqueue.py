@@ -16,6 +16,7 @@ from django.utils import timezone
 
 from django_pgqueue import tracing
 from django_pgqueue.conf import database_for
+from django_pgqueue.enqueue_cursor import enqueue_cursor
 from django_pgqueue.exceptions import InvalidTaskError, TransactionDatabaseError
 from django_pgqueue.middleware import before_enqueue
 from django_pgqueue.payload import check_json, check_text, dumps
@@ -191,7 +192,7 @@ def _insert(alias: str, row: dict[str, Any]) -> tuple[int, datetime]:
     if row["after"]:
         return _insert_after(alias, row)
     query = QUERIES["enqueue_unique" if row["unique_key"] else "enqueue"]
-    with connections[alias].cursor() as cursor:
+    with enqueue_cursor(connections[alias]) as cursor:
         cursor.execute(query, row)
         found = cursor.fetchone()
         if found is not None:
@@ -267,7 +268,7 @@ def enqueue_on_commit(definition: TaskDefinition, args: Any, kwargs: dict[str, A
     alias = database_for(row["queue"])
     commit_alias = definition.options.commit_alias or alias
     check_transaction(definition, row["queue"], commit_alias, "enqueue_on_commit()")
-    with connections[alias].cursor() as cursor:
+    with enqueue_cursor(connections[alias]) as cursor:
         cursor.execute(QUERIES["reserve_id"])
         row["id"] = cursor.fetchone()[0]
     transaction.on_commit(lambda: _insert(alias, row), using=commit_alias)
