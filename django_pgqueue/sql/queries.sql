@@ -235,15 +235,16 @@ SELECT nextval('pgqueue_task_id_seq');
 --   into the worker. bytes is pg_column_size of the columns the worker loads (args,
 --   kwargs, checkpoint, metadata, signals, wake): their stored size, read from the
 --   heap row the walk fetched anyway (a TOASTed value is not fetched for it; a
---   compressed one counts compressed). picked sums them in its own order (one window
---   on the sort picked does anyway), and fitting keeps the picks whose running sum,
+--   compressed one counts compressed). picked sums them in its own order (a window
+--   on the sort picked does anyway) and marks as fits the picks whose running sum,
 --   after the escaped row's bytes, stays within the bound, always at least the first
---   row: a row larger than the bound is still claimed, alone. The picks left out were
---   locked by this statement only: they stay pending, and their locks end with this
---   statement's transaction, so the next claim (of this worker or another) takes them.
---   The claim returns how many it left out (left_out): the worker treats a cut batch
---   as a full one and claims again at once, where a short batch would make it park.
---   The rate budget (rated) is spent on the rows taken only.
+--   row: a row larger than the bound is still claimed, alone. Only those are updated.
+--   The picks left out were locked by this statement only: they stay pending, and
+--   their locks end with this statement's transaction, so the next claim (of this
+--   worker or another) takes them. The claim returns how many it left out (left_out):
+--   the worker treats a cut batch as a full one and claims again at once, where a
+--   short batch would make it park. The rate budget (rated) is spent on the rows
+--   taken only.
 WITH routes AS (
     SELECT r.*
       FROM unnest(%(route_queues)s::text[], %(route_names)s::text[],
@@ -380,7 +381,11 @@ allowed AS MATERIALIZED (
                 WHERE b.queue = k.queue AND b.key = k.concurrency_key), 0)
 ),
 picked AS MATERIALIZED (
-    SELECT a.id, a.queue, sum(a.bytes) OVER pick AS bytes_so_far, row_number() OVER pick AS nth
+    SELECT a.id, a.queue,
+           %(claim_batch_bytes)s::bigint IS NULL
+           OR sum(a.bytes) OVER pick + (SELECT COALESCE(sum(e.bytes), 0) FROM escaped AS e)
+              <= %(claim_batch_bytes)s::bigint
+           OR (row_number() OVER pick = 1 AND NOT EXISTS (SELECT 1 FROM escaped)) AS fits
       FROM allowed AS a
       LEFT JOIN room AS rm ON rm.queue = a.queue
      WHERE rm.room IS NULL OR a.nth_of_queue <= rm.room
@@ -388,19 +393,12 @@ picked AS MATERIALIZED (
      ORDER BY a.priority DESC, a.run_at, a.id
      LIMIT %(limit)s - (SELECT count(*) FROM escaped)
 ),
-fitting AS MATERIALIZED (
-    SELECT p.id, p.queue
-      FROM picked AS p
-     WHERE %(claim_batch_bytes)s::bigint IS NULL
-        OR p.bytes_so_far + (SELECT COALESCE(sum(e.bytes), 0) FROM escaped AS e)
-           <= %(claim_batch_bytes)s::bigint
-        OR (p.nth = 1 AND NOT EXISTS (SELECT 1 FROM escaped))
-),
 rated AS (
     INSERT INTO pgqueue_queue AS q (name, rate_tat)
     SELECT rm.queue, rm.tat + make_interval(secs => rm.rate_interval * p.n)
       FROM room AS rm
-      JOIN (SELECT queue, count(*) AS n FROM fitting GROUP BY queue) AS p ON p.queue = rm.queue
+      JOIN (SELECT queue, count(*) AS n FROM picked WHERE fits GROUP BY queue) AS p
+        ON p.queue = rm.queue
      WHERE rm.rate_interval IS NOT NULL
         ON CONFLICT (name) DO UPDATE
        SET rate_tat = EXCLUDED.rate_tat
@@ -437,7 +435,7 @@ UPDATE pgqueue_task AS t
                          'worker_id', %(worker_id)s::text,
                          'at', now()))
                      ELSE t.errors END
- WHERE t.id = ANY (ARRAY(SELECT id FROM escaped UNION ALL SELECT id FROM fitting))
+ WHERE t.id = ANY (ARRAY(SELECT id FROM escaped UNION ALL SELECT id FROM picked WHERE fits))
 RETURNING t.id, t.task_name, t.handler_version, t.queue, t.priority, t.args, t.kwargs,
           t.attempt, t.max_attempts, t.retry_policy::text AS retry_policy_json,
           EXTRACT(EPOCH FROM t.timeout)::float8 AS timeout, t.lease_token::text AS lease_token,
@@ -446,7 +444,7 @@ RETURNING t.id, t.task_name, t.handler_version, t.queue, t.priority, t.args, t.k
           t.metadata::text AS metadata_json,
           NULLIF(t.signals, '{}')::text AS signals_json, t.wake::text AS wake_json,
           t.state = 'cancelled' AS expired,
-          (SELECT count(*) FROM picked) - (SELECT count(*) FROM fitting) AS left_out;
+          (SELECT count(*) FROM picked WHERE NOT fits) AS left_out;
 
 
 -- name: find_claimed
