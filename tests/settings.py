@@ -103,13 +103,13 @@ if "PGQUEUE_TEST_TIMEOUT_GRACE" in os.environ:
     PGQUEUE["TIMEOUT_GRACE"] = float(os.environ["PGQUEUE_TEST_TIMEOUT_GRACE"])
 if "PGQUEUE_TEST_WRITE_OFF_LIMIT" in os.environ:
     PGQUEUE["WRITE_OFF_LIMIT"] = int(os.environ["PGQUEUE_TEST_WRITE_OFF_LIMIT"])
+# tests/test_outage.py shortens dead-connection detection in the workers it starts.
+if "PGQUEUE_TEST_DEAD_CONNECTION_TIMEOUT" in os.environ:
+    PGQUEUE["DEAD_CONNECTION_TIMEOUT"] = float(os.environ["PGQUEUE_TEST_DEAD_CONNECTION_TIMEOUT"])
 # tests/test_sizes.py: its tasks, and the claim batch bound of the workers it starts.
 PGQUEUE["TASK_MODULES"].append("tests.size_tasks")
 if "PGQUEUE_TEST_CLAIM_BATCH_BYTES" in os.environ:
     PGQUEUE["CLAIM_BATCH_BYTES"] = int(os.environ["PGQUEUE_TEST_CLAIM_BATCH_BYTES"])
-# tests/test_outage.py shortens dead-connection detection in the workers it starts.
-if "PGQUEUE_TEST_DEAD_CONNECTION_TIMEOUT" in os.environ:
-    PGQUEUE["DEAD_CONNECTION_TIMEOUT"] = float(os.environ["PGQUEUE_TEST_DEAD_CONNECTION_TIMEOUT"])
 
 # Django's Tasks framework on this queue (tests/test_backend.py). "patient" retries an
 # hour later and times attempts out after 1 s, so a test can watch a task between tries.
