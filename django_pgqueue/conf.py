@@ -172,6 +172,35 @@ SETTINGS: tuple[Setting, ...] = (
         "DEFAULT_BACKOFF", {"base": 5.0, "factor": 2.0, "cap": 600.0, "jitter": 0.25}, dict,
         "The retry delay policy; keys left out keep their defaults.",
     ),
+    # -- limits on sizes: bytes of JSON (UTF-8), checked before anything is written ------
+    Setting(
+        "MAX_ARGS_BYTES", 1024 * 1024, int,
+        "The largest arguments of one task (its args and kwargs as JSON, together), "
+        "checked at enqueue; None: no limit.",
+        minimum=1024, nullable=True,
+    ),
+    Setting(
+        "MAX_METADATA_BYTES", 64 * 1024, int,
+        "The largest metadata of one task (as JSON), checked at enqueue; None: no limit.",
+        minimum=1024, nullable=True,
+    ),
+    Setting(
+        "MAX_RESULT_BYTES", 1024 * 1024, int,
+        "The largest result a task may return (as JSON); a larger one fails the task "
+        "instead of being stored. None: no limit.",
+        minimum=1024, nullable=True,
+    ),
+    Setting(
+        "MAX_CHECKPOINT_BYTES", 1024 * 1024, int,
+        "The largest checkpoint (and progress value) a handler may save (as JSON); None: "
+        "no limit.",
+        minimum=1024, nullable=True,
+    ),
+    Setting(
+        "MAX_SIGNAL_BYTES", 1024 * 1024, int,
+        "The largest payload of one signal (as JSON); None: no limit.",
+        minimum=1024, nullable=True,
+    ),
     # -- the worker --------------------------------------------------------------------
     Setting(
         "QUEUES", ["default"], list,
@@ -329,6 +358,13 @@ SETTINGS: tuple[Setting, ...] = (
         "How long a worker connection may wait for PostgreSQL before it is taken for dead "
         "and reconnected.",
         above=0,
+    ),
+    Setting(
+        "CLAIM_BATCH_BYTES", 8 * 1024 * 1024, int,
+        "The most bytes of stored payloads (args, kwargs, checkpoint, metadata, signals) "
+        "one claim takes: past it, a claim takes fewer rows (always at least one) and "
+        "claims again at once. None: no limit.",
+        minimum=1, nullable=True,
     ),
     Setting(
         "ASYNC_CLAIMS", False, bool,

@@ -12,7 +12,13 @@ from django.db import connections
 from django.utils import timezone
 
 from django_pgqueue.exceptions import _UNSET, InvalidTaskError, LeaseLost, Suspend
-from django_pgqueue.payload import check_json, dumps
+from django_pgqueue.payload import (
+    CHECKPOINT_LIMIT,
+    PROGRESS_LIMIT,
+    check_json,
+    check_size,
+    dumps,
+)
 from django_pgqueue.sql import QUERIES
 
 
@@ -28,7 +34,8 @@ class TaskContext:
     ``save_checkpoint`` and ``report_progress`` are fenced writes on the handler's own
     database connection: inside an ``atomic()`` block they commit (or roll back) with
     the handler's own writes. They raise LeaseLost when the worker no longer owns the
-    task; stop working when that happens.
+    task; stop working when that happens. A value larger than ``MAX_CHECKPOINT_BYTES``
+    raises PayloadTooLarge, and nothing is written.
     """
 
     task_id: int
@@ -83,12 +90,16 @@ class TaskContext:
     def save_checkpoint(self, checkpoint: Any) -> None:
         """Persist resumable state; the next attempt receives it as ``context.checkpoint``."""
         value = check_json(checkpoint, "checkpoint")
-        self._fenced("save_checkpoint", {"checkpoint": dumps(value)})
+        text = dumps(value)
+        check_size(CHECKPOINT_LIMIT, text)
+        self._fenced("save_checkpoint", {"checkpoint": text})
         self.checkpoint = value
 
     def report_progress(self, progress: Any) -> None:
         """Publish progress (any JSON value) for the admin and API readers."""
-        self._fenced("save_progress", {"progress": dumps(check_json(progress, "progress"))})
+        text = dumps(check_json(progress, "progress"))
+        check_size(PROGRESS_LIMIT, text)
+        self._fenced("save_progress", {"progress": text})
 
     @property
     def timed_out(self) -> bool:

@@ -19,7 +19,15 @@ from django_pgqueue.conf import database_for
 from django_pgqueue.enqueue_cursor import enqueue_cursor
 from django_pgqueue.exceptions import InvalidTaskError, TransactionDatabaseError
 from django_pgqueue.middleware import before_enqueue
-from django_pgqueue.payload import check_json, check_text, dumps
+from django_pgqueue.payload import (
+    ARGS_LIMIT,
+    METADATA_LIMIT,
+    check_json,
+    check_size,
+    check_text,
+    dumps,
+    fits,
+)
 from django_pgqueue.registry import Call
 from django_pgqueue.sql import QUERIES
 
@@ -84,11 +92,13 @@ def build_row(
     opts = definition.options
     if not isinstance(kwargs, dict):
         raise InvalidTaskError(f"kwargs must be a dict, not {type(kwargs).__name__}")
-    checked_args = check_json(list(args), "args")
-    checked_kwargs = check_json(kwargs, "kwargs")
+    args_json = dumps(check_json(list(args), "args"))
+    kwargs_json = dumps(check_json(kwargs, "kwargs"))
+    check_size(ARGS_LIMIT, args_json, kwargs_json)
     run_at = _check_run_at(opts.run_at)
     unique_key = _check_unique_key(opts.unique_key)
-    metadata = check_json({**_trace_context(), **opts.metadata}, "metadata")
+    metadata_json = dumps(check_json({**_trace_context(), **opts.metadata}, "metadata"))
+    check_size(METADATA_LIMIT, metadata_json)
     backoff = opts.backoff or definition.backoff
     retry_on = definition.retry_on if opts.retry_on is None else opts.retry_on
     expires = definition.expires if opts.expires is None else opts.expires
@@ -102,8 +112,8 @@ def build_row(
         "task_name": definition.name,
         "handler_version": definition.version,
         "priority": definition.priority if opts.priority is None else opts.priority,
-        "args": dumps(checked_args),
-        "kwargs": dumps(checked_kwargs),
+        "args": args_json,
+        "kwargs": kwargs_json,
         "run_at": run_at,
         "delay": _interval(opts.delay) or _NO_DELAY,
         # Scheduled rows are not claimable until the stager makes them pending. Any
@@ -114,7 +124,7 @@ def build_row(
         "retry_policy": _policy_json(backoff, retry_on, discard_on),
         "timeout": _interval(definition.call_timeout),
         "unique_key": unique_key,
-        "metadata": dumps(metadata),
+        "metadata": metadata_json,
         "concurrency_key": _check_key(concurrency_key, "concurrency_key"),
         "after": list(opts.after),
         "proceed": opts.after_failure == "run",
@@ -290,7 +300,8 @@ def enqueue_many(definition: TaskDefinition, calls: Iterable[Any]) -> list[int]:
     """All calls in one INSERT ... SELECT statement; returns the ids in input order.
 
     The options (queue, priority, run_at, ...) are validated once for the batch; each
-    call's args and kwargs are checked like a single enqueue's. With a unique_key, the
+    call's args and kwargs are checked like a single enqueue's (their size too, each
+    call's against MAX_ARGS_BYTES). With a unique_key, the
     whole batch shares it: the first call is enqueued (unless a live task holds the key)
     and every position returns that task's id.
     """
@@ -311,6 +322,8 @@ def enqueue_many(definition: TaskDefinition, calls: Iterable[Any]) -> list[int]:
             raise InvalidTaskError(f"item {index}: {exc}") from exc
     if not args_list:
         return []
+    args_json, kwargs_json = dumps(args_list), dumps(kwargs_list)
+    _check_sizes(args_list, kwargs_list, args_json, kwargs_json)
     alias = database_for(shared["queue"])
     check_transaction(definition, shared["queue"], alias, "enqueue_many()")
     if shared["after"]:
@@ -327,13 +340,26 @@ def enqueue_many(definition: TaskDefinition, calls: Iterable[Any]) -> list[int]:
         return [_insert(alias, first)[0]] * len(args_list)
     params = {
         **shared,
-        "args_list": dumps(args_list),
-        "kwargs_list": dumps(kwargs_list),
+        "args_list": args_json,
+        "kwargs_list": kwargs_json,
         "keys_list": dumps(keys_list) if keyed else None,
     }
     with connections[alias].cursor() as cursor:
         cursor.execute(QUERIES["enqueue_many"], params)
         return [row[0] for row in cursor.fetchall()]
+
+
+def _check_sizes(
+    args_list: list[Any], kwargs_list: list[Any], args_json: str, kwargs_json: str
+) -> None:
+    """Each call's args and kwargs within MAX_ARGS_BYTES, or PayloadTooLarge naming the
+    call. The batch is encoded once, for the statement: a batch within the limit as a
+    whole has every call within it (the common case). Only a larger batch has its
+    calls measured one by one (encoded again)."""
+    if fits(ARGS_LIMIT, args_json, kwargs_json):
+        return
+    for index, (args, kwargs) in enumerate(zip(args_list, kwargs_list, strict=True)):
+        check_size(ARGS_LIMIT, dumps(args), dumps(kwargs), where=f"item {index}: ")
 
 
 _EMPTY: dict[str, Any] = {}

@@ -38,6 +38,12 @@ class TransactionDatabaseError(InvalidTaskError):
     was written."""
 
 
+class PayloadTooLarge(InvalidTaskError):
+    """A JSON value is larger than its limit (``PGQUEUE['MAX_ARGS_BYTES']`` and the
+    others of docs/settings.md, "Limits on sizes"); the message names the limit and its
+    setting. Nothing was written."""
+
+
 class TaskNotRegistered(PgQueueError, LookupError):
     """A task name is not in the registry of decorated functions."""
 

@@ -22,7 +22,7 @@ from django.db import connections
 
 from django_pgqueue.conf import database_for, get_settings, read_database
 from django_pgqueue.exceptions import InvalidTaskError, TaskDoesNotExist
-from django_pgqueue.payload import check_json, dumps
+from django_pgqueue.payload import SIGNAL_LIMIT, check_json, check_size, dumps
 from django_pgqueue.registry import validate_queue, validate_task_name
 from django_pgqueue.sql import QUERIES
 
@@ -75,10 +75,12 @@ def signal(
     its next attempt finds the payload in ``context.signals[name]`` and
     ``context.wake``), ``"stored"`` (it is not waiting for it yet: the signal is kept,
     and a later ``Suspend(name)`` resumes at once), or None (no such task, or it has
-    finished). ``database``: the alias of the task's queue, when it is not DATABASE."""
+    finished). ``database``: the alias of the task's queue, when it is not DATABASE.
+    A payload larger than ``MAX_SIGNAL_BYTES`` raises PayloadTooLarge: nothing is sent."""
     if not isinstance(name, str) or not 1 <= len(name) <= 255:
         raise InvalidTaskError(f"a signal name is a string of 1-255 characters, not {name!r}")
     body = dumps(check_json(payload, "signal payload"))
+    check_size(SIGNAL_LIMIT, body)
     with connections[_alias(database)].cursor() as cursor:
         cursor.execute(QUERIES["signal_task"], {"id": task_id, "name": name, "payload": body})
         row = cursor.fetchone()

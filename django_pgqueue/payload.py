@@ -14,15 +14,20 @@ error (which, inside ``atomic()``, would also break the caller's transaction):
 
 The common case (a few ints and strings) must stay cheap: enqueue checks every call.
 So the path of a bad value ("args[0]['when']") is built only when one is found.
+
+Sizes are bounded too (``check_size``): the arguments, metadata, result, checkpoint
+and signal payload each have a limit in bytes of their JSON text (UTF-8), a setting
+of conf.SETTINGS ("Limits on sizes" in docs/settings.md). The text measured is the
+one that is written, so a value is encoded once.
 """
 
 from __future__ import annotations
 
 import json
 import math
-from typing import Any
+from typing import Any, NamedTuple
 
-from django_pgqueue.exceptions import InvalidTaskError
+from django_pgqueue.exceptions import InvalidTaskError, PayloadTooLarge
 
 _MAX_DEPTH = 100
 INT_DIGITS_MAX = 1000
@@ -218,3 +223,89 @@ def short_repr(value: Any) -> str:
 def dumps(value: Any) -> str:
     """Serialise an already-checked value."""
     return json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+
+
+class SizeLimit(NamedTuple):
+    """A limit on the JSON of one kind of value: its setting, how the error names the
+    value, and what the error advises."""
+
+    setting: str
+    what: str
+    advice: str
+
+
+ARGS_LIMIT = SizeLimit(
+    "MAX_ARGS_BYTES",
+    "the arguments (args and kwargs together)",
+    "pass a reference to large data instead (a primary key, a file or object-storage "
+    "path), or raise the limit; nothing was enqueued",
+)
+METADATA_LIMIT = SizeLimit(
+    "MAX_METADATA_BYTES",
+    "the metadata",
+    "keep metadata to small labels and ids, or raise the limit; nothing was enqueued",
+)
+RESULT_LIMIT = SizeLimit(
+    "MAX_RESULT_BYTES",
+    "the task's result",
+    "store a large result elsewhere (a model, a file, object storage) and return a "
+    "reference to it, or raise the limit; the result was not stored",
+)
+CHECKPOINT_LIMIT = SizeLimit(
+    "MAX_CHECKPOINT_BYTES",
+    "the checkpoint",
+    "keep a checkpoint to what resuming needs (an offset, a cursor, ids), or raise the "
+    "limit; nothing was saved",
+)
+PROGRESS_LIMIT = CHECKPOINT_LIMIT._replace(what="the progress value")
+SIGNAL_LIMIT = SizeLimit(
+    "MAX_SIGNAL_BYTES",
+    "the signal payload",
+    "send a reference to large data instead, or raise the limit; nothing was sent",
+)
+
+
+def json_bytes(text: str) -> int:
+    """The size of a JSON text as PostgreSQL receives it: its UTF-8 bytes."""
+    return len(text) if text.isascii() else len(text.encode("utf-8"))
+
+
+def check_size(limit: SizeLimit, *texts: str, where: str = "") -> None:
+    """Raise PayloadTooLarge when the JSON ``texts`` together take more bytes than
+    ``PGQUEUE[limit.setting]`` allows (None: no limit). ``where`` prefixes the error
+    (enqueue_many's "item 3: ")."""
+    size, allowed = _measure(limit, texts)
+    if size is not None and allowed is not None and size > allowed:
+        raise PayloadTooLarge(
+            f"{where}{limit.what}: {size:,} bytes as JSON, more than the limit of "
+            f"{allowed:,} bytes (PGQUEUE['{limit.setting}']): {limit.advice}"
+        )
+
+
+def fits(limit: SizeLimit, *texts: str) -> bool:
+    """Whether the JSON ``texts`` together are within ``PGQUEUE[limit.setting]``."""
+    size, allowed = _measure(limit, texts)
+    return size is None or allowed is None or size <= allowed
+
+
+def _measure(limit: SizeLimit, texts: tuple[str, ...]) -> tuple[int | None, int | None]:
+    """(bytes of ``texts``, the limit); the bytes are None when they are within it
+    without counting (no limit, or few characters)."""
+    from django_pgqueue.conf import get_setting  # conf imports this module
+
+    allowed = get_setting(limit.setting)
+    if allowed is None:
+        return None, None
+    if sum(len(text) for text in texts) <= allowed // 4:  # a character is <= 4 bytes
+        return None, allowed
+    return sum(json_bytes(text) for text in texts), allowed
+
+
+def check_value_size(limit: SizeLimit, value: Any) -> None:
+    """``check_size`` for a value ``check_json`` returned, not yet encoded (a result, a
+    checkpoint at the worker). A number, a bool or None is never encoded for it: each
+    limit is at least 1024 bytes, more than any of them takes (an int has at most
+    ``INT_DIGITS_MAX`` digits)."""
+    if value is None or type(value) in (bool, int, float):
+        return
+    check_size(limit, dumps(value))

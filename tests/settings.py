@@ -108,6 +108,10 @@ if "PGQUEUE_TEST_WRITE_OFF_EXIT_AFTER" in os.environ:
 # tests/test_outage.py shortens dead-connection detection in the workers it starts.
 if "PGQUEUE_TEST_DEAD_CONNECTION_TIMEOUT" in os.environ:
     PGQUEUE["DEAD_CONNECTION_TIMEOUT"] = float(os.environ["PGQUEUE_TEST_DEAD_CONNECTION_TIMEOUT"])
+# tests/test_sizes.py: its tasks, and the claim batch bound of the workers it starts.
+PGQUEUE["TASK_MODULES"].append("tests.size_tasks")
+if "PGQUEUE_TEST_CLAIM_BATCH_BYTES" in os.environ:
+    PGQUEUE["CLAIM_BATCH_BYTES"] = int(os.environ["PGQUEUE_TEST_CLAIM_BATCH_BYTES"])
 
 # Django's Tasks framework on this queue (tests/test_backend.py). "patient" retries an
 # hour later and times attempts out after 1 s, so a test can watch a task between tries.

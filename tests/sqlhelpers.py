@@ -28,12 +28,14 @@ def claim(
     routes: list[tuple[str, int]] | None = None,
     lease: float = 30,
     starvation: float = 3600,
+    batch_bytes: int | None = None,
 ) -> list[ClaimedTask]:
     """One claim statement, as the worker's claimer runs it (after staging due rows)."""
     queues = [queue] if isinstance(queue, str) else queue
     conn.execute(QUERIES["stage"], {"queues": queues, "limit": 1000})
     params = {
-        **route_params(queues, all_routes() if routes is None else routes, starvation),
+        **route_params(queues, all_routes() if routes is None else routes, starvation,
+                       claim_batch_bytes=batch_bytes),
         "limit": limit,
         "token": str(uuid.uuid4()),
         "lease_seconds": lease,

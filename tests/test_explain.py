@@ -103,7 +103,9 @@ def claim_params(limit: int = 10, limited: bool = False) -> dict:
         limits = parse_limits({"default": {"concurrency": 1000, "rate": "100000/s"}})
         key_limits = dict.fromkeys(all_routes(), 5)
     return {
-        **route_params(["default"], all_routes(), 60.0, limits, key_limits),
+        # The worker's default CLAIM_BATCH_BYTES: its cut is part of the plan pinned.
+        **route_params(["default"], all_routes(), 60.0, limits, key_limits,
+                       claim_batch_bytes=8 * 1024 * 1024),
         "limit": limit,
         "token": "00000000-0000-0000-0000-000000000001",
         "lease_seconds": 30,

@@ -230,6 +230,21 @@ SELECT nextval('pgqueue_task_id_seq');
 --   queue spends one start of budget on it): the claim returns it, so the worker sees
 --   a full batch and claims again at once. No executions entry: it never ran (like a
 --   cancel). Its dependents follow after_failure (pgqueue_release_dependents).
+-- * Batch bytes (%(claim_batch_bytes)s, CLAIM_BATCH_BYTES; NULL: no bound): a claim of
+--   large rows takes fewer of them, so that one batch never loads more than the bound
+--   into the worker. bytes is pg_column_size of the columns the worker loads (args,
+--   kwargs, checkpoint, metadata, signals, wake): their stored size, read from the
+--   heap row the walk fetched anyway (a TOASTed value is not fetched for it; a
+--   compressed one counts compressed). picked sums them in its own order (a window
+--   on the sort picked does anyway) and marks as fits the picks whose running sum,
+--   after the escaped row's bytes, stays within the bound, always at least the first
+--   row: a row larger than the bound is still claimed, alone. Only those are updated.
+--   The picks left out were locked by this statement only: they stay pending, and
+--   their locks end with this statement's transaction, so the next claim (of this
+--   worker or another) takes them. The claim returns how many it left out (left_out):
+--   the worker treats a cut batch as a full one and claims again at once, where a
+--   short batch would make it park. The rate budget (rated) is spent on the rows
+--   taken only.
 WITH routes AS (
     SELECT r.*
       FROM unnest(%(route_queues)s::text[], %(route_names)s::text[],
@@ -312,7 +327,10 @@ window_taken AS (
     RETURNING w.name
 ),
 escaped AS MATERIALIZED (
-    SELECT t.id
+    SELECT t.id,
+           pg_column_size(t.args) + pg_column_size(t.kwargs) + pg_column_size(t.metadata)
+           + pg_column_size(t.signals) + COALESCE(pg_column_size(t.checkpoint), 0)
+           + COALESCE(pg_column_size(t.wake), 0) AS bytes
       FROM starving AS s
       JOIN window_taken AS w ON w.name = s.queue
       JOIN pgqueue_task AS t ON t.id = s.id
@@ -321,11 +339,15 @@ escaped AS MATERIALIZED (
        FOR NO KEY UPDATE OF t SKIP LOCKED
 ),
 candidates AS MATERIALIZED (
-    SELECT c.id, c.priority, c.run_at, r.queue, c.concurrency_key, r.key_limit
+    SELECT c.id, c.priority, c.run_at, r.queue, c.concurrency_key, r.key_limit, c.bytes
       FROM routes AS r
       LEFT JOIN room AS rm ON rm.queue = r.queue
      CROSS JOIN LATERAL (
-               SELECT t.id, t.priority, t.run_at, t.concurrency_key
+               SELECT t.id, t.priority, t.run_at, t.concurrency_key,
+                      pg_column_size(t.args) + pg_column_size(t.kwargs)
+                      + pg_column_size(t.metadata) + pg_column_size(t.signals)
+                      + COALESCE(pg_column_size(t.checkpoint), 0)
+                      + COALESCE(pg_column_size(t.wake), 0) AS bytes
                  FROM pgqueue_task AS t
                 WHERE t.state = 'pending'
                   AND t.queue = r.queue AND t.task_name = r.task_name
@@ -348,7 +370,7 @@ keyed AS MATERIALIZED (
       FROM candidates AS c
 ),
 allowed AS MATERIALIZED (
-    SELECT k.id, k.priority, k.run_at, k.queue,
+    SELECT k.id, k.priority, k.run_at, k.queue, k.bytes,
            row_number() OVER (PARTITION BY k.queue
                               ORDER BY k.priority DESC, k.run_at, k.id) AS nth_of_queue
       FROM keyed AS k
@@ -359,10 +381,15 @@ allowed AS MATERIALIZED (
                 WHERE b.queue = k.queue AND b.key = k.concurrency_key), 0)
 ),
 picked AS MATERIALIZED (
-    SELECT a.id, a.queue
+    SELECT a.id, a.queue,
+           %(claim_batch_bytes)s::bigint IS NULL
+           OR sum(a.bytes) OVER pick + (SELECT COALESCE(sum(e.bytes), 0) FROM escaped AS e)
+              <= %(claim_batch_bytes)s::bigint
+           OR (row_number() OVER pick = 1 AND NOT EXISTS (SELECT 1 FROM escaped)) AS fits
       FROM allowed AS a
       LEFT JOIN room AS rm ON rm.queue = a.queue
      WHERE rm.room IS NULL OR a.nth_of_queue <= rm.room
+    WINDOW pick AS (ORDER BY a.priority DESC, a.run_at, a.id)
      ORDER BY a.priority DESC, a.run_at, a.id
      LIMIT %(limit)s - (SELECT count(*) FROM escaped)
 ),
@@ -370,7 +397,8 @@ rated AS (
     INSERT INTO pgqueue_queue AS q (name, rate_tat)
     SELECT rm.queue, rm.tat + make_interval(secs => rm.rate_interval * p.n)
       FROM room AS rm
-      JOIN (SELECT queue, count(*) AS n FROM picked GROUP BY queue) AS p ON p.queue = rm.queue
+      JOIN (SELECT queue, count(*) AS n FROM picked WHERE fits GROUP BY queue) AS p
+        ON p.queue = rm.queue
      WHERE rm.rate_interval IS NOT NULL
         ON CONFLICT (name) DO UPDATE
        SET rate_tat = EXCLUDED.rate_tat
@@ -407,7 +435,7 @@ UPDATE pgqueue_task AS t
                          'worker_id', %(worker_id)s::text,
                          'at', now()))
                      ELSE t.errors END
- WHERE t.id = ANY (ARRAY(SELECT id FROM escaped UNION ALL SELECT id FROM picked))
+ WHERE t.id = ANY (ARRAY(SELECT id FROM escaped UNION ALL SELECT id FROM picked WHERE fits))
 RETURNING t.id, t.task_name, t.handler_version, t.queue, t.priority, t.args, t.kwargs,
           t.attempt, t.max_attempts, t.retry_policy::text AS retry_policy_json,
           EXTRACT(EPOCH FROM t.timeout)::float8 AS timeout, t.lease_token::text AS lease_token,
@@ -415,7 +443,8 @@ RETURNING t.id, t.task_name, t.handler_version, t.queue, t.priority, t.args, t.k
           t.checkpoint::text AS checkpoint_json, t.cancel_requested, t.cancel_hard,
           t.metadata::text AS metadata_json,
           NULLIF(t.signals, '{}')::text AS signals_json, t.wake::text AS wake_json,
-          t.state = 'cancelled' AS expired;
+          t.state = 'cancelled' AS expired,
+          (SELECT count(*) FROM picked WHERE NOT fits) AS left_out;
 
 
 -- name: find_claimed

@@ -60,6 +60,9 @@ class ClaimedTask:
     # The claim found it expired and ended it cancelled instead of starting it: the
     # claimer counts it and drops it (sql: claim). Never run.
     expired: bool = False
+    # How many rows the claim left pending to keep its batch within CLAIM_BATCH_BYTES
+    # (the same on every row of one claim; sql: claim): the claimer claims again at once.
+    left_out: int = 0
     received_monotonic: float = field(default_factory=time.monotonic)
     # When a slot began running it: a prefetched task may wait for a slot, and its
     # timeout counts from its start, not from its claim.

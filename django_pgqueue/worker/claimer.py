@@ -98,6 +98,7 @@ class Claimer:
         limits: dict[str, QueueLimit] | None = None,
         key_limits: dict[tuple[str, int], int] | None = None,
         listen_alias: str | None = "",
+        claim_batch_bytes: int | None = None,
     ) -> None:
         self.worker_id = worker_id
         self.queues = queues
@@ -106,7 +107,10 @@ class Claimer:
         key_limits = key_limits or {}
 
         def params(lane_routes: list[tuple[str, int]]) -> dict[str, object]:
-            return route_params(queues, lane_routes, starvation_timeout, limits, key_limits)
+            return route_params(
+                queues, lane_routes, starvation_timeout, limits, key_limits,
+                claim_batch_bytes=claim_batch_bytes,
+            )  # fmt: skip
 
         self._route_params = params(routes)
         # What to claim into: the thread slots (routes: the sync tasks, or all of them),
@@ -404,9 +408,15 @@ class Claimer:
             self._unconfirmed[token] = time.monotonic() + self.lease_seconds
             raise
         taken = len(tasks)
+        # A batch cut to CLAIM_BATCH_BYTES left due rows pending: it counts as full, so
+        # the claimer claims again at once instead of parking.
+        cut = bool(tasks) and tasks[0].left_out > 0
         if any(task.expired for task in tasks):
             tasks = self._drop_expired(tasks)
         self._hand_over(tasks, lane)
+        if cut:
+            self.stats.incr("claims_cut")
+            return want
         return taken  # expired rows count: a batch full of them is claimed again at once
 
     def _drop_expired(self, tasks: list[ClaimedTask]) -> list[ClaimedTask]:
@@ -439,7 +449,8 @@ class Claimer:
                 with contextlib.suppress(psycopg.Error):
                     conn.execute("ROLLBACK")
             raise
-        if len(tasks) < want and any(limit.rate for limit in lane.limits.values()):
+        cut = bool(tasks) and tasks[0].left_out > 0
+        if len(tasks) < want and not cut and any(limit.rate for limit in lane.limits.values()):
             rows = conn.execute(QUERIES["limit_state"], lane.state_params).fetchall()
             lane.throttled_until = self._throttle_until(lane, rows)
         return tasks
@@ -590,11 +601,14 @@ def route_params(
     starvation_timeout: float,
     limits: dict[str, QueueLimit] | None = None,
     key_limits: dict[tuple[str, int], int] | None = None,
+    *,
+    claim_batch_bytes: int | None = None,
 ) -> dict[str, object]:
     """The claim's parameters that name what a worker can take: every (queue, task
     name, version) it can run, with its per-key limit; its starvation escape (one
     starving task per queue may jump the priority order per tenth of the starvation
-    timeout); and the limits of its queues (``limits``: QUEUE_LIMITS)."""
+    timeout); the limits of its queues (``limits``: QUEUE_LIMITS); and the bytes one
+    claim may load (CLAIM_BATCH_BYTES; None: no bound)."""
     limits = {q: limit for q, limit in (limits or {}).items() if q in queues}
     key_limits = key_limits or {}
     triples = [(queue, name, version) for queue in queues for name, version in routes]
@@ -615,6 +629,7 @@ def route_params(
         "limit_rate_intervals": [r.interval if r else None for r in rates],
         "limit_rate_bursts": [r.burst if r else None for r in rates],
         "keyed_queues": keyed,
+        "claim_batch_bytes": claim_batch_bytes,
     }
 
 

@@ -24,12 +24,19 @@ from django_pgqueue.exceptions import (
     Continue,
     InvalidTaskError,
     LeaseLost,
+    PayloadTooLarge,
     Retry,
     Snooze,
     Suspend,
     TaskNotRegistered,
 )
-from django_pgqueue.payload import check_json, check_stored_call
+from django_pgqueue.payload import (
+    CHECKPOINT_LIMIT,
+    RESULT_LIMIT,
+    check_json,
+    check_stored_call,
+    check_value_size,
+)
 from django_pgqueue.registry import TaskDefinition, registry
 from django_pgqueue.signals import task_started
 from django_pgqueue.worker import outcomes
@@ -204,11 +211,15 @@ def _log_failed_receivers(results: list[tuple[Any, Any]]) -> None:
 
 
 def _succeeded(task: ClaimedTask, result: Any, runtime: float) -> Outcome:
+    """A result that cannot be stored, or is larger than MAX_RESULT_BYTES, fails the
+    task (no retry: the same code returns the same value) and is never written."""
     try:
         result = check_json(result, "result")
+        check_value_size(RESULT_LIMIT, result)
     except InvalidTaskError as exc:
+        kind = "PayloadTooLarge" if isinstance(exc, PayloadTooLarge) else "TypeError"
         return outcomes.unrunnable(
-            task, "TypeError", f"the task returned a value that cannot be stored: {exc}"
+            task, kind, f"the task returned a value that cannot be stored: {exc}"
         )
     return outcomes.succeeded(task, result, runtime)
 
@@ -223,12 +234,14 @@ def _raised(
         save = exc.checkpoint is not _UNSET
         try:
             checkpoint = check_json(exc.checkpoint, "checkpoint") if save else None
+            check_value_size(CHECKPOINT_LIMIT, checkpoint)
         except InvalidTaskError as bad:
             return outcomes.failed(task, outcomes.error_entry(task, bad), retryable=False)
         return outcomes.suspended(task, exc.reason, exc.signal, exc.timeout, checkpoint, save)
     if isinstance(exc, Continue):
         try:
             checkpoint = check_json(exc.checkpoint, "checkpoint")
+            check_value_size(CHECKPOINT_LIMIT, checkpoint)
         except InvalidTaskError as bad:
             return outcomes.failed(task, outcomes.error_entry(task, bad), retryable=False)
         return outcomes.continued(task, checkpoint, save=exc.checkpoint is not None)

@@ -153,7 +153,13 @@ def error_entry(task: ClaimedTask, exc: BaseException, kind: str | None = None) 
 
 
 def plain_error(task: ClaimedTask, kind: str, message: str) -> dict[str, Any]:
-    return {"attempt": task.attempt, "type": kind, "message": message, "traceback": None}
+    """A stored error without a traceback; its text capped like error_entry's."""
+    return {
+        "attempt": task.attempt,
+        "type": clean_text(kind, 500),
+        "message": clean_text(message, MAX_MESSAGE),
+        "traceback": None,
+    }
 
 
 def succeeded(task: ClaimedTask, result: Any, runtime: float | None) -> Outcome:

@@ -199,6 +199,7 @@ class Worker:
             limits=self.limits,
             key_limits=key_limits,
             listen_alias=self._listen_alias(conf),
+            claim_batch_bytes=conf.CLAIM_BATCH_BYTES,
         )
         # The live workers, counted by the heartbeat: the fleet-wide duties (sweeper,
         # vacuumer, pruner) tick N times less often in each of N processes.
