@@ -218,7 +218,7 @@ def _insert(alias: str, row: dict[str, Any]) -> tuple[int, datetime]:
 
 def _insert_after(alias: str, row: dict[str, Any]) -> tuple[int, datetime]:
     """INSERT a task that waits for others (``after=``)."""
-    with connections[alias].cursor() as cursor:
+    with enqueue_cursor(connections[alias]) as cursor:
         cursor.execute(QUERIES["enqueue_after"], row)
         found = cursor.fetchone()
         if found is not None:
@@ -344,7 +344,7 @@ def enqueue_many(definition: TaskDefinition, calls: Iterable[Any]) -> list[int]:
         "kwargs_list": kwargs_json,
         "keys_list": dumps(keys_list) if keyed else None,
     }
-    with connections[alias].cursor() as cursor:
+    with enqueue_cursor(connections[alias]) as cursor:
         cursor.execute(QUERIES["enqueue_many"], params)
         return [row[0] for row in cursor.fetchall()]
 

@@ -126,3 +126,16 @@ def test_an_enqueue_in_an_aborted_transaction_fails_as_any_django_query_does(
             noop.enqueue(1)
         transaction.set_rollback(True)
     assert Task.objects.count() == 0
+
+
+def test_enqueue_many_and_dependents_take_the_same_path(conn_max_age) -> None:
+    # Given a persistent connection
+    # When a batch, a batch of one and a dependent task are enqueued
+    ids = noop.enqueue_many([1, 2, 3])
+    (one,) = noop.enqueue_many([4])
+    child = noop.using(after=[one]).enqueue(5)
+    # Then they are rows as usual, and their statements are prepared in the session
+    assert list(Task.objects.filter(id__in=[*ids, one]).order_by("id").values_list(
+        "args", flat=True)) == [[1], [2], [3], [4]]  # fmt: skip
+    assert Task.objects.get(id=child).state == "waiting"
+    assert enqueues_prepared() >= 2
