@@ -19,7 +19,7 @@ from django_pgqueue.conf import database_for
 from django_pgqueue.exceptions import InvalidTaskError, TransactionDatabaseError
 from django_pgqueue.middleware import before_enqueue
 from django_pgqueue.payload import check_json, check_text, dumps
-from django_pgqueue.registry import Call
+from django_pgqueue.registry import Call, in_utc
 from django_pgqueue.sql import QUERIES
 
 if TYPE_CHECKING:
@@ -165,7 +165,7 @@ def _check_run_at(run_at: Any) -> datetime | None:
             f"run_at {run_at.isoformat()} is a naive datetime while USE_TZ = True; "
             "pass an aware datetime (e.g. django.utils.timezone.now() + timedelta(...))"
         )
-    return run_at
+    return in_utc(run_at, "run_at")
 
 
 def _check_unique_key(unique_key: Any) -> str | None:
