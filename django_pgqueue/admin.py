@@ -52,6 +52,12 @@ from django_pgqueue.admin_databases import (
     request_read_database,
     with_database,
 )
+from django_pgqueue.admin_input import (
+    ForgedInputMixin,
+    refresh_seconds,
+    task_id,
+    task_id_or_404,
+)
 from django_pgqueue.conf import database_for, get_settings, queue_databases, read_database
 from django_pgqueue.exceptions import InvalidTaskError
 from django_pgqueue.models import (
@@ -540,7 +546,7 @@ def _action(op: Operation, description: str):
 
 
 @admin.register(Task)
-class TaskAdmin(admin.ModelAdmin):
+class TaskAdmin(ForgedInputMixin, admin.ModelAdmin):
     list_display = (
         "id",
         "task_name",
@@ -693,9 +699,9 @@ class TaskAdmin(admin.ModelAdmin):
             .filter(unique_key=term)
             .values_list("pk", flat=True)[:1000]
         )
-        number = term.removeprefix("#")
-        if number.isdigit():
-            ids.append(int(number))
+        number = task_id(term.removeprefix("#"))
+        if number is not None:
+            ids.append(number)
         return queryset.filter(pk__in=ids), False
 
     # -- columns and fields -----------------------------------------------------------
@@ -976,7 +982,7 @@ class TaskAdmin(admin.ModelAdmin):
         if not self.has_change_permission(request):
             raise PermissionDenied(f"{op.label}: permission denied")
         database = request_database(request)
-        task = get_object_or_404(Task.objects.using(database), pk=object_id)
+        task = get_object_or_404(Task.objects.using(database), pk=task_id_or_404(object_id))
         op.run(self, request, [task.pk])
         change_url = _url(self, "task_change", task.pk)
         return HttpResponseRedirect(with_database(change_url, database))
@@ -1118,7 +1124,7 @@ class QueueOverviewAdmin(admin.ModelAdmin):
             **overview,
             "title": "Queue overview",
             "opts": self.model._meta,
-            "refresh": int(refresh) if refresh.isdigit() and int(refresh) >= 2 else None,
+            "refresh": refresh_seconds(refresh),
             "tasks_url": tasks_url,
             "workers_url": _url(self, "worker_changelist"),
             "can_pause": can_pause_queues(request),
@@ -1132,7 +1138,7 @@ class QueueOverviewAdmin(admin.ModelAdmin):
 
 
 @admin.register(Worker)
-class WorkerAdmin(admin.ModelAdmin):
+class WorkerAdmin(ForgedInputMixin, admin.ModelAdmin):
     list_display = (
         "id",
         "status",

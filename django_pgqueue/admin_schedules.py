@@ -33,6 +33,7 @@ from django_pgqueue.admin_databases import (
     request_read_database,
     with_database,
 )
+from django_pgqueue.admin_input import ForgedInputMixin
 from django_pgqueue.exceptions import InvalidTaskError
 from django_pgqueue.models import Schedule
 from django_pgqueue.periodic import ScheduleDefinition, next_tick, run_now, schedule_registry
@@ -41,7 +42,7 @@ EMPTY = "-"
 
 
 @admin.register(Schedule)
-class ScheduleAdmin(admin.ModelAdmin):
+class ScheduleAdmin(ForgedInputMixin, admin.ModelAdmin):
     list_display = (
         "name",
         "task_display",

@@ -28,7 +28,7 @@ from django_pgqueue.payload import (
     dumps,
     fits,
 )
-from django_pgqueue.registry import Call
+from django_pgqueue.registry import Call, in_utc
 from django_pgqueue.sql import QUERIES
 
 if TYPE_CHECKING:
@@ -176,7 +176,7 @@ def _check_run_at(run_at: Any) -> datetime | None:
             f"run_at {run_at.isoformat()} is a naive datetime while USE_TZ = True; "
             "pass an aware datetime (e.g. django.utils.timezone.now() + timedelta(...))"
         )
-    return run_at
+    return in_utc(run_at, "run_at")
 
 
 def _check_unique_key(unique_key: Any) -> str | None:

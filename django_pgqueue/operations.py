@@ -22,7 +22,14 @@ from django.db import connections
 
 from django_pgqueue.conf import database_for, get_settings, read_database
 from django_pgqueue.exceptions import InvalidTaskError, TaskDoesNotExist
-from django_pgqueue.payload import SIGNAL_LIMIT, check_json, check_size, dumps
+from django_pgqueue.payload import (
+    SIGNAL_LIMIT,
+    check_json,
+    check_size,
+    check_text,
+    dumps,
+    short_repr,
+)
 from django_pgqueue.registry import validate_queue, validate_task_name
 from django_pgqueue.sql import QUERIES
 
@@ -77,8 +84,13 @@ def signal(
     and a later ``Suspend(name)`` resumes at once), or None (no such task, or it has
     finished). ``database``: the alias of the task's queue, when it is not DATABASE.
     A payload larger than ``MAX_SIGNAL_BYTES`` raises PayloadTooLarge: nothing is sent."""
+    if isinstance(task_id, bool) or not isinstance(task_id, int):
+        raise InvalidTaskError(f"a task id is an int, not {short_repr(task_id)}")
     if not isinstance(name, str) or not 1 <= len(name) <= 255:
-        raise InvalidTaskError(f"a signal name is a string of 1-255 characters, not {name!r}")
+        raise InvalidTaskError(
+            f"a signal name is a string of 1-255 characters, not {short_repr(name)}"
+        )
+    check_text(name, "the signal name")
     body = dumps(check_json(payload, "signal payload"))
     check_size(SIGNAL_LIMIT, body)
     with connections[_alias(database)].cursor() as cursor:
@@ -222,10 +234,19 @@ def replica_lag() -> ReplicaLag | None:
     return ReplicaLag(alias, row["in_recovery"], row["lag_seconds"])
 
 
+_BIGINT_MAX = 2**63 - 1  # the id column
+
+
+def _ids(task_ids: Iterable[int]) -> list[int]:
+    """The ids as ints, without those no row can have (past the bigint column): a
+    forged id matches no task, as an unknown one does."""
+    return [i for i in map(int, task_ids) if -_BIGINT_MAX <= i <= _BIGINT_MAX]
+
+
 def retry_now(task_ids: Iterable[int], database: str | None = None) -> list[int]:
     """Make these tasks due now: pending ones at once, dead letters with one more
     attempt. Running and finished tasks are left alone. Returns the ids retried."""
-    rows = _fetchall("retry_now", {"ids": [int(i) for i in task_ids]}, database)
+    rows = _fetchall("retry_now", {"ids": _ids(task_ids)}, database)
     return sorted(row[0] for row in rows)
 
 
@@ -245,8 +266,11 @@ def requeue_dead(
     changes and the ids that would be requeued are returned. On ``database``, else
     on ``queue``'s database, else on DATABASE.
     """
+    for value, what in ((task_name, "task_name"), (queue, "queue")):
+        if value is not None:
+            check_text(value, what)
     params = {
-        "ids": None if task_ids is None else [int(i) for i in task_ids],
+        "ids": None if task_ids is None else _ids(task_ids),
         "task_name": task_name,
         "queue": queue,
         "since": since,
@@ -260,7 +284,7 @@ def requeue_dead(
 def delete_finished(task_ids: Iterable[int], database: str | None = None) -> list[int]:
     """Delete these tasks if they are finished (succeeded, failed or cancelled).
     Pending, running and waiting tasks are never deleted. Returns the ids deleted."""
-    rows = _fetchall("delete_finished", {"ids": [int(i) for i in task_ids]}, database)
+    rows = _fetchall("delete_finished", {"ids": _ids(task_ids)}, database)
     return sorted(row[0] for row in rows)
 
 

@@ -62,6 +62,13 @@ def parse_json(text: str, where: str) -> Any:
             f"{where} is not JSON: {exc.msg} at line {exc.lineno}, column {exc.colno} "
             '(a string needs double quotes: "yes"; an object: {"by": "ops"})'
         ) from None
+    except RecursionError:
+        raise InvalidTaskError(f"{where}: nested deeper than {_MAX_DEPTH} levels") from None
+    except ValueError:  # a number past Python's int-from-text limit (4,300 digits)
+        raise InvalidTaskError(
+            f"{where}: a number is longer than {INT_DIGITS_MAX} digits; pass numbers that "
+            "large as strings"
+        ) from None
     return check_json(value, where)
 
 

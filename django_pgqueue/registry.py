@@ -11,7 +11,7 @@ import re
 import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import (
     TYPE_CHECKING,
     Any,
@@ -28,6 +28,7 @@ from typing import (
 
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
+from django.db import connections
 from django.utils import timezone
 
 from django_pgqueue.conf import get_settings
@@ -51,6 +52,7 @@ PRIORITY_MIN, PRIORITY_MAX = -100, 100
 # max_attempts is an int column; a million claims is already far past any real need.
 MAX_ATTEMPTS_LIMIT = 1_000_000
 VERSION_MAX = 2**31 - 1  # handler_version is an int column
+TASK_ID_MAX = 2**63 - 1  # the id column is a bigint
 
 
 class _TaskDefault:
@@ -215,7 +217,7 @@ def validate_expires(value: Any, *, datetime_allowed: bool = True) -> float | da
                 f"expires {value.isoformat()} is a naive datetime while USE_TZ = True; "
                 "pass an aware datetime (e.g. django.utils.timezone.now() + timedelta(...))"
             )
-        return value
+        return in_utc(value, "expires")
     seconds = value.total_seconds() if isinstance(value, timedelta) else value
     if not _is_number(seconds) or not 0 < seconds <= MAX_SECONDS:
         raise InvalidTaskError(
@@ -223,6 +225,20 @@ def validate_expires(value: Any, *, datetime_allowed: bool = True) -> float | da
             f"{MAX_SECONDS:.0f} (10 years), or an aware datetime; not {short_repr(value)}"
         )
     return float(seconds)
+
+
+def in_utc(moment: datetime, what: str) -> datetime:
+    """An aware datetime as UTC (a naive one as it is): PostgreSQL refuses a UTC offset
+    past 15:59, which Python allows (up to 23:59)."""
+    if timezone.is_naive(moment):
+        return moment
+    try:
+        return moment.astimezone(UTC)
+    except OverflowError:
+        raise InvalidTaskError(
+            f"{what} {moment.isoformat()} is out of range: in UTC it falls outside years "
+            "1 to 9999"
+        ) from None
 
 
 def validate_exceptions(value: Any, option: str) -> tuple[str, ...]:
@@ -238,10 +254,14 @@ AFTER_FAILURE = ("cancel", "run")
 
 
 def validate_after(value: Any) -> tuple[int, ...]:
-    """after=: task ids (ints), or objects with an ``id`` (a task result); deduplicated."""
+    """after=: task ids (ints, or their decimal text), or objects with an ``id`` (a task
+    result); deduplicated."""
     if isinstance(value, int | str) and not isinstance(value, bool):
         value = [value]
     try:
+        # Bytes and mappings iterate, but as ints of characters and as keys: not ids.
+        if isinstance(value, bytes | bytearray | dict):
+            raise TypeError
         items = list(value)
     except TypeError:
         raise InvalidTaskError(
@@ -250,12 +270,27 @@ def validate_after(value: Any) -> tuple[int, ...]:
     ids = []
     for item in items:
         task_id = getattr(item, "id", item)
-        if isinstance(task_id, str) and task_id.isdigit():
+        # ASCII digits only: "²" is a digit to isdigit(), and no int.
+        if isinstance(task_id, str) and task_id.isascii() and task_id.isdigit():
             task_id = int(task_id)
-        if isinstance(task_id, bool) or not isinstance(task_id, int) or task_id < 1:
+        if (
+            isinstance(task_id, bool)
+            or not isinstance(task_id, int)
+            or not 1 <= task_id <= TASK_ID_MAX
+        ):
             raise InvalidTaskError(f"after: {short_repr(item)} is not a task id")
         ids.append(task_id)
     return tuple(sorted(set(ids)))
+
+
+def validate_commit_alias(alias: Any) -> str:
+    """commit_alias=: an alias of DATABASES (the transaction to wait for)."""
+    if not isinstance(alias, str) or alias not in connections.settings:
+        raise InvalidTaskError(
+            f"commit_alias {short_repr(alias)} is not a database alias of DATABASES: use "
+            f"one of {', '.join(connections.settings)}"
+        )
+    return alias
 
 
 def _is_number(value: Any) -> bool:
@@ -335,7 +370,7 @@ class TaskDefinition(Generic[P, R]):
             return self.timeout
         return self.options.timeout
 
-    def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R:
+    def __call__(self, /, *args: P.args, **kwargs: P.kwargs) -> R:
         return self.func(*args, **kwargs)  # type: ignore[no-any-return]
 
     def using(self, **typed: Unpack[UsingOptions]) -> TaskDefinition[P, R]:
@@ -365,6 +400,8 @@ class TaskDefinition(Generic[P, R]):
             options["delay"] = validate_delay(options["delay"])
         if "metadata" in options and not isinstance(options["metadata"], dict):
             raise InvalidTaskError("metadata must be a dict of JSON values")
+        if options.get("commit_alias") is not None:
+            validate_commit_alias(options["commit_alias"])
         if options.get("concurrency_key") is not None and self.key_concurrency is None:
             raise InvalidTaskError(
                 f"task {self.name!r} declares no per-key limit, so a concurrency_key would "
@@ -394,19 +431,19 @@ class TaskDefinition(Generic[P, R]):
         _check_expires_after_start(merged, self.expires)
         return replace(self, options=merged)
 
-    def enqueue(self, *args: P.args, **kwargs: P.kwargs) -> int:
+    def enqueue(self, /, *args: P.args, **kwargs: P.kwargs) -> int:
         """Insert the task in the current transaction; returns its id."""
         from django_pgqueue.enqueue import enqueue
 
         return enqueue(self, args, kwargs)
 
-    def enqueue_on_commit(self, *args: P.args, **kwargs: P.kwargs) -> int:
+    def enqueue_on_commit(self, /, *args: P.args, **kwargs: P.kwargs) -> int:
         """Insert the task when the outermost atomic block commits; returns its id now."""
         from django_pgqueue.enqueue import enqueue_on_commit
 
         return enqueue_on_commit(self, args, kwargs)
 
-    def step(self, *args: P.args, **kwargs: P.kwargs) -> Step:
+    def step(self, /, *args: P.args, **kwargs: P.kwargs) -> Step:
         """This call as a step of a workflow (chain, group, chord: workflows.py)."""
         from django_pgqueue.workflows import Step
 

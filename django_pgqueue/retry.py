@@ -57,7 +57,8 @@ class RetryPolicy:
             unknown = set(value) - {"base", "factor", "cap", "jitter"}
             if unknown:
                 raise ValueError(
-                    f"unknown backoff option(s) {sorted(unknown)}; valid: base, factor, cap, jitter"
+                    f"unknown backoff option(s) {sorted(unknown, key=repr)}; "
+                    "valid: base, factor, cap, jitter"
                 )
             return cls(**{k: _number(v, f"backoff {k}") for k, v in value.items()})
         raise TypeError(

@@ -7,6 +7,9 @@ from django.core.management.base import BaseCommand, CommandError
 from django_pgqueue import operations
 from django_pgqueue.conf import get_settings, queue_databases
 from django_pgqueue.management.commands._database import add_database_argument, database_option
+from django_pgqueue.retry import MAX_SECONDS
+
+BATCH_MAX = 1_000_000
 
 
 class Command(BaseCommand):
@@ -35,7 +38,7 @@ class Command(BaseCommand):
         parser.add_argument(
             "--batch",
             type=int,
-            help=f"rows per DELETE statement (default: {conf.PRUNE_BATCH})",
+            help=f"rows per DELETE statement, at most {BATCH_MAX:,} (default: {conf.PRUNE_BATCH})",
         )
 
         add_database_argument(parser, "task table to prune (default: every one)")
@@ -51,10 +54,14 @@ class Command(BaseCommand):
         result_ttl = conf.RESULT_TTL if opts["result_ttl"] is None else opts["result_ttl"]
         dead_ttl = conf.DEAD_TTL if opts["dead_ttl"] is None else opts["dead_ttl"]
         batch = conf.PRUNE_BATCH if opts["batch"] is None else opts["batch"]
-        if result_ttl < 0 or dead_ttl < 0:
-            raise CommandError("--result-ttl and --dead-ttl must be >= 0")
-        if batch < 1:
-            raise CommandError("--batch must be at least 1")
+        # Ranges, so NaN (never in range) and infinities fail too.
+        if not (0 <= result_ttl <= MAX_SECONDS and 0 <= dead_ttl <= MAX_SECONDS):
+            raise CommandError(
+                f"--result-ttl and --dead-ttl must be seconds from 0 to {MAX_SECONDS:.0f} "
+                f"(10 years), not {result_ttl:g} and {dead_ttl:g}"
+            )
+        if not 1 <= batch <= BATCH_MAX:
+            raise CommandError(f"--batch must be from 1 to {BATCH_MAX:,}, not {batch}")
         if opts["dry_run"]:
             counts = operations.prunable_counts(result_ttl, dead_ttl, database=database)
             total = sum(counts.values())

@@ -10,7 +10,9 @@ from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
 from django_pgqueue import operations
+from django_pgqueue.exceptions import InvalidTaskError
 from django_pgqueue.management.commands._database import add_database_argument, database_option
+from django_pgqueue.payload import check_text
 
 RELATIVE = re.compile(r"^(\d+(?:\.\d+)?)([smhd])$")
 UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days"}
@@ -18,17 +20,22 @@ UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days"}
 
 def parse_since(value: str) -> datetime:
     """``30m``, ``2h``, ``1d`` (that long ago) or an ISO 8601 date-time."""
+    usage = (
+        f"--since {value!r}: use a duration such as 30m, 2h, 1d, or an ISO date-time "
+        "such as 2026-05-01T12:00"
+    )
     match = RELATIVE.match(value.strip())
-    if match:
-        amount, unit = match.groups()
-        return timezone.now() - timedelta(**{UNITS[unit]: float(amount)})
-    parsed = parse_datetime(value.strip())
-    if parsed is None:
-        raise CommandError(
-            f"--since {value!r}: use a duration such as 30m, 2h, 1d, or an ISO date-time "
-            "such as 2026-05-01T12:00"
-        )
-    return parsed if timezone.is_aware(parsed) else timezone.make_aware(parsed)
+    try:
+        if match:
+            amount, unit = match.groups()
+            return timezone.now() - timedelta(**{UNITS[unit]: float(amount)})
+        # ValueError: shaped like a date-time but not one (month 13, say).
+        parsed = parse_datetime(value.strip())
+        if parsed is None:
+            raise CommandError(usage)
+        return parsed if timezone.is_aware(parsed) else timezone.make_aware(parsed)
+    except (OverflowError, ValueError) as exc:  # also: a duration reaching before year 1
+        raise CommandError(f"{usage} ({exc})") from None
 
 
 class Command(BaseCommand):
@@ -61,6 +68,11 @@ class Command(BaseCommand):
                 "say which dead letters to requeue: --task, --queue, --since, --id, or --all"
             )
         since = parse_since(opts["since"]) if opts["since"] else None
+        for flag, value in (("--task", opts["task_name"]), ("--queue", opts["queue"])):
+            try:
+                check_text(value or "", flag)
+            except InvalidTaskError as exc:
+                raise CommandError(str(exc)) from None
         ids = operations.requeue_dead(
             opts["ids"],
             task_name=opts["task_name"],

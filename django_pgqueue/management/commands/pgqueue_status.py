@@ -60,8 +60,11 @@ class Command(BaseCommand):
 
     def handle(self, *args, **opts):
         interval = opts["watch"]
-        if interval is not None and interval <= 0:
-            raise CommandError("--watch needs a positive number of seconds")
+        # A range, so NaN (never in range) and infinity fail too: time.sleep refuses them.
+        if interval is not None and not 0 < interval <= 24 * 3600:
+            raise CommandError(
+                f"--watch needs a positive number of seconds, at most a day, not {interval:g}"
+            )
         try:
             while True:
                 snapshot = read_status()

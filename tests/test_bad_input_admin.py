@@ -1,0 +1,309 @@
+"""Forged requests to the admin, searched for (Hypothesis).
+
+Properties, for a superuser, a staff user who may only view tasks, and an anonymous
+visitor: no request is answered with a server error (500), whatever its query string
+(filters, search, ordering, page, date drill-down, ``db``), its action form (forged or
+foreign ids, ``select_across``), its object id, its Send signal form or its pause
+button; and a user without the permission changes nothing (the task, queue, worker
+and schedule tables and the admin log are as before). Query strings and forms are
+sent percent-encoded as bytes, so they may hold NUL and invalid UTF-8 (a lone
+surrogate's bytes), as a forger's may.
+"""
+
+from __future__ import annotations
+
+import uuid
+from datetime import timedelta
+from urllib.parse import quote
+
+import pytest
+from django.contrib.admin.models import LogEntry
+from django.contrib.auth.models import Permission
+from django.test import Client
+from django.urls import reverse
+from django.utils import timezone
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
+
+from django_pgqueue.models import Queue, Schedule, Task, Worker
+from tests.factories import TaskFactory
+from tests.fuzzing import big_ints, hostile_text
+
+pytestmark = pytest.mark.django_db
+
+ADMIN = "/admin/django_pgqueue"
+LISTS = [f"{ADMIN}/task/", f"{ADMIN}/worker/", f"{ADMIN}/schedule/", f"{ADMIN}/queueoverview/"]
+REAL = [f"<task {i}>" for i in range(6)]  # the tasks made by the fixture, by position
+
+values = st.one_of(
+    hostile_text,
+    big_ints.map(str),
+    st.integers(-3, 3).map(str),
+    st.sampled_from(
+        ["default", "queue2", "nope", "pending", "failed", "running", "waiting", "due",
+         "scheduled", "signal", "parents", "tests.tasks.noop", "#1", "²", "٣", "-1", "",
+         "9" * 30, "9" * 5000, "task_name", "-id", "1.2.3", "2026", "13", "0"]
+    ),
+)  # fmt: skip
+parameters = st.one_of(
+    st.sampled_from(
+        ["q", "o", "p", "db", "e", "all", "queue", "task_name", "state__exact", "due",
+         "handler_version", "handler_version__exact", "wait_reason", "enqueued_at__year",
+         "enqueued_at__month", "enqueued_at__day", "_changelist_filters", "refresh",
+         "id__gt", "_to_field", "_popup"]
+    ),
+    hostile_text,
+)  # fmt: skip
+queries = st.lists(st.tuples(parameters, values), max_size=4)
+object_ids = st.one_of(
+    st.sampled_from(REAL), big_ints.map(str), hostile_text, st.sampled_from(["abc", "²", "0"])
+)
+actions = st.one_of(
+    st.sampled_from(["retry_now", "cancel", "cancel_hard", "requeue", "delete",
+                     "delete_selected", "remove_stale", "run_now", "delete_removed"]),
+    hostile_text,
+)  # fmt: skip
+
+
+def _encode(text: str) -> str:
+    """Percent-encoded UTF-8, lone surrogates included (what no browser sends)."""
+    return quote(text.encode("utf-8", "surrogatepass"), safe="")
+
+
+def _query(pairs: list[tuple[str, str]]) -> str:
+    return "&".join(f"{_encode(k)}={_encode(v)}" for k, v in pairs)
+
+
+# A request: (method, path, query pairs, form pairs). Paths and ids are resolved at send
+# time, so that a request may name the fixture's real tasks.
+get_list = st.tuples(st.just("GET"), st.sampled_from(LISTS), queries, st.just([]))
+get_object = st.tuples(
+    st.just("GET"),
+    st.tuples(object_ids, st.sampled_from(["change", "signal", "delete", "history"])),
+    queries,
+    st.just([]),
+)
+post_action = st.tuples(
+    st.just("POST"),
+    st.sampled_from(LISTS[:3]),
+    queries,
+    st.tuples(
+        st.just("action"), actions
+    ).map(lambda pair: [pair]) | st.just([("action", "retry_now")]),
+)
+selections = st.lists(
+    st.tuples(
+        st.sampled_from(["_selected_action", "select_across", "index"]),
+        st.one_of(st.sampled_from(REAL), values),
+    ),
+    max_size=4,
+)
+post_operate = st.tuples(
+    st.just("POST"),
+    st.tuples(object_ids, st.one_of(st.sampled_from(
+        ["operate/retry_now", "operate/cancel", "operate/cancel_hard", "operate/requeue",
+         "operate/delete", "signal"]), hostile_text.map(lambda t: f"operate/{t}"))),
+    queries,
+    st.lists(st.tuples(st.sampled_from(["name", "payload", "post"]), values), max_size=3),
+)  # fmt: skip
+post_pause = st.tuples(
+    st.just("POST"),
+    st.just(f"{ADMIN}/queueoverview/pause/"),
+    st.just([]),
+    st.lists(
+        st.tuples(st.sampled_from(["action", "queue", "task_name"]),
+                  st.one_of(st.sampled_from(["pause", "resume"]), values)),
+        max_size=4,
+    ),
+)  # fmt: skip
+forged_requests = st.one_of(
+    get_list,
+    get_object,
+    st.tuples(post_action, selections).map(lambda r: (*r[0][:3], r[0][3] + r[1])),
+    post_operate,
+    post_pause,
+)
+
+
+@pytest.fixture
+def visitors(django_user_model) -> dict[str, Client]:
+    """A superuser, a staff user who may only view tasks, and an anonymous visitor."""
+    root = django_user_model.objects.create_superuser("root", password="pw")
+    viewer = django_user_model.objects.create_user("viewer", password="pw", is_staff=True)
+    viewer.user_permissions.set(
+        Permission.objects.filter(
+            content_type__app_label="django_pgqueue",
+            codename__in=["view_task", "view_worker", "view_schedule"],
+        )
+    )
+    clients = {}
+    for name, user in (("superuser", root), ("viewer", viewer), ("anonymous", None)):
+        client = Client(raise_request_exception=False)
+        if user is not None:
+            client.force_login(user)
+        clients[name] = client
+    return clients
+
+
+@pytest.fixture
+def real_tasks() -> list[int]:
+    """One task per state a button or action can change."""
+    now = timezone.now()
+    lease = {"lease_token": uuid.uuid4(), "lease_expires_at": now + timedelta(seconds=30)}
+    rows = [
+        TaskFactory(run_at=now - timedelta(seconds=5)),
+        TaskFactory(state="running", attempt=1, worker_id="w-1", **lease),
+        TaskFactory(state="waiting", wait_reason="signal", wait_signal="go"),
+        TaskFactory(state="failed", attempt=3, max_attempts=3, finished_at=now),
+        TaskFactory(state="succeeded", attempt=1, finished_at=now),
+        TaskFactory(run_at=now + timedelta(hours=1)),
+    ]
+    Worker.objects.create(
+        id="w-1", hostname="h", pid=1, queues=["default"], routes=[["tests.tasks.noop", 1]],
+        concurrency=1, last_heartbeat_at=now - timedelta(days=1),
+    )  # fmt: skip
+    Schedule.objects.create(name="removed", task_name="gone", spec="every 1h", timezone="UTC")
+    return [row.pk for row in rows]
+
+
+def _real(text: str, ids: list[int]) -> str:
+    return str(ids[REAL.index(text)]) if text in REAL else text
+
+
+def _send(client: Client, request, ids: list[int]):
+    method, path, query, form = request
+    if isinstance(path, tuple):  # (object id, page) of a task
+        object_id, page = path
+        path = f"{ADMIN}/task/{_encode(_real(object_id, ids))}/{page}/"
+    url = f"{path}?{_query(query)}" if query else path
+    if method == "GET":
+        return client.get(url)
+    body = _query([(k, _real(v, ids)) for k, v in form])
+    return client.post(url, body, content_type="application/x-www-form-urlencoded")
+
+
+def _state() -> tuple:
+    """What a change would change: every table the admin can write, and its log."""
+    return (
+        list(Task.objects.order_by("pk").values_list(
+            "pk", "state", "attempt", "max_attempts", "run_at", "cancel_requested",
+            "cancel_hard", "signals", "wake",
+        )),
+        list(Queue.objects.order_by("name").values_list("name", "paused", "paused_tasks")),
+        list(Worker.objects.order_by("id").values_list("id", flat=True)),
+        list(Schedule.objects.order_by("name").values_list("name", "last_task_id")),
+        LogEntry.objects.count(),
+    )  # fmt: skip
+
+
+def _check(visitors: dict[str, Client], request, ids: list[int]) -> None:
+    for name in ("anonymous", "viewer"):
+        before = _state()
+        response = _send(visitors[name], request, ids)
+        assert response.status_code != 500, (name, request)
+        assert _state() == before, f"{name} changed something with {request}"
+    response = _send(visitors["superuser"], request, ids)
+    assert response.status_code != 500, ("superuser", request)
+
+
+@settings(max_examples=150)
+@given(request=forged_requests)
+@example(request=("GET", f"{ADMIN}/task/", [("q", "²")], []))  # int('²'): ValueError
+@example(request=("GET", f"{ADMIN}/task/", [("q", "9" * 30)], []))  # id past bigint
+@example(request=("GET", f"{ADMIN}/task/", [("queue", "\x00")], []))  # DataError: NUL
+@example(request=("GET", f"{ADMIN}/task/", [("state__exact", "\x00")], []))
+@example(request=("GET", f"{ADMIN}/queueoverview/", [("refresh", "²")], []))
+@example(request=("GET", f"{ADMIN}/queueoverview/", [("refresh", "9" * 5000)], []))
+@example(request=("POST", f"{ADMIN}/task/", [], [("action", "retry_now"),
+                                                 ("_selected_action", "abc")]))
+@example(request=("POST", f"{ADMIN}/task/", [], [("action", "cancel"),
+                                                 ("_selected_action", "\x00")]))
+@example(request=("POST", f"{ADMIN}/worker/", [], [("action", "remove_stale"),
+                                                   ("_selected_action", "\x00")]))
+@example(request=("POST", ("abc", "operate/cancel"), [], []))  # ValueError: not an id
+@example(request=("POST", ("\x00", "operate/cancel"), [], []))
+@example(request=("POST", (REAL[2], "signal"), [], [("name", "go"), ("payload", "[" * 2000)]))
+@example(request=("POST", (REAL[2], "signal"), [], [("name", "go"), ("payload", "9" * 5000)]))
+def test_no_forged_request_is_a_server_error_nor_a_change_without_permission(
+    visitors, real_tasks, request
+):
+    _check(visitors, request, real_tasks)
+
+
+# -- regressions: each input Hypothesis found, as a plain test --------------------------
+@pytest.mark.parametrize("term", ["²", "٣", "9" * 30, "#" + "9" * 5000])
+def test_searching_for_what_is_no_task_id_finds_nothing_and_is_no_error(admin_client, term):
+    TaskFactory()
+
+    response = admin_client.get(reverse("admin:django_pgqueue_task_changelist"), {"q": term})
+
+    assert response.status_code == 200
+    assert list(response.context["cl"].result_list) == []
+
+
+@pytest.mark.parametrize("parameter", ["queue", "task_name", "state__exact", "wait_reason"])
+def test_a_list_filter_holding_a_nul_is_a_bad_lookup_not_a_server_error(admin_client, parameter):
+    url = reverse("admin:django_pgqueue_task_changelist")
+
+    response = admin_client.get(f"{url}?{parameter}=%00")
+
+    assert (response.status_code, response["Location"]) == (302, f"{url}?e=1")
+
+
+@pytest.mark.parametrize(("model", "value"), [("task", "abc"), ("task", "\x00"),
+                                              ("worker", "\x00"), ("schedule", "\x00")])
+def test_an_action_on_a_forged_selection_runs_nothing_and_says_so(admin_client, model, value):
+    pending = TaskFactory()
+    url = reverse(f"admin:django_pgqueue_{model}_changelist")
+    action = {"task": "cancel", "worker": "remove_stale", "schedule": "run_now"}[model]
+
+    response = admin_client.post(
+        url, {"action": action, "_selected_action": [value, pending.pk]}, follow=True
+    )
+
+    assert response.status_code == 200
+    [message] = [str(m) for m in response.context["messages"]]
+    assert message.startswith(f"No action was run: the selection holds {value!r}")
+    pending.refresh_from_db()
+    assert pending.state == "pending"
+
+
+@pytest.mark.parametrize("object_id", ["abc", "²", "%00", str(2**70)])
+def test_a_button_on_a_forged_task_id_is_not_found(admin_client, object_id):
+    response = admin_client.post(f"{ADMIN}/task/{object_id}/operate/cancel/")
+
+    assert response.status_code == 404
+
+
+@pytest.mark.parametrize("refresh", ["²", "9" * 5000, "1", "86401", "abc"])
+def test_an_overview_refresh_that_is_no_interval_turns_the_reload_off(admin_client, refresh):
+    response = admin_client.get(reverse("admin:django_pgqueue_queueoverview_changelist"),
+                                {"refresh": refresh})  # fmt: skip
+
+    assert (response.status_code, response.context["refresh"]) == (200, None)
+
+
+def test_an_overview_refresh_of_whole_seconds_reloads_the_page(admin_client):
+    response = admin_client.get(reverse("admin:django_pgqueue_queueoverview_changelist"),
+                                {"refresh": "10"})  # fmt: skip
+
+    assert response.context["refresh"] == 10
+    assert b'<meta http-equiv="refresh" content="10">' in response.content
+
+
+@pytest.mark.parametrize(
+    ("payload", "error"),
+    [("[" * 2000, "nested deeper than 100 levels"),
+     ("9" * 5000, "a number is longer than 1000 digits")],
+)  # fmt: skip
+def test_a_signal_payload_python_cannot_parse_is_a_form_error(admin_client, payload, error):
+    task = TaskFactory(state="waiting", wait_reason="signal", wait_signal="go")
+
+    response = admin_client.post(
+        f"{ADMIN}/task/{task.pk}/signal/", {"name": "go", "payload": payload}
+    )
+
+    assert response.status_code == 200
+    assert error in response.content.decode()
+    task.refresh_from_db()
+    assert (task.state, task.signals) == ("waiting", {})
