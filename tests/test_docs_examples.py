@@ -204,3 +204,22 @@ def test_the_quickstart_task_is_idempotent_as_the_page_says(quickstart_shop: Sho
     assert (first, second) == ("sent", "already sent")
     order = quickstart_shop.order.objects.get(pk=placed["order"])
     assert order.receipt_sent_at is not None
+
+
+README_LINK = re.compile(r"\]\(([^)#\s]+)(?:#[^)]*)?\)")
+REPO_BLOB = "https://github.com/django-pgqueue/django-pgqueue/blob/main/"
+
+
+def test_readme_links_work_on_pypi_and_point_at_files_that_exist() -> None:
+    """PyPI shows README.md without the repository around it, so a relative link there
+    is broken: every link is absolute, and each one into the repository names a file
+    this checkout has."""
+    links = README_LINK.findall((REPO / "README.md").read_text())
+    assert links, "the README links into the docs"
+    relative = [link for link in links if "://" not in link]
+    assert not relative, f"relative links in README.md break on PyPI: {relative}"
+    missing = [
+        link for link in links
+        if link.startswith(REPO_BLOB) and not (REPO / link[len(REPO_BLOB):]).exists()
+    ]
+    assert not missing, f"README.md links to files that do not exist: {missing}"
