@@ -22,6 +22,7 @@ from django_pgqueue.workflows import chain, group
 from tests import framework_tasks, size_tasks, sqlhelpers, tasks
 from tests.conftest import wait_until
 from tests.factories import TaskFactory
+from tests.test_metrics import free_port, scrape
 
 MIB = 1024 * 1024
 FIFTY_MB = "x" * 50_000_000
@@ -319,8 +320,10 @@ def test_a_worker_claims_large_rows_a_few_at_a_time_and_never_waits_for_a_poll(s
     # Given twelve rows of 900 KB and a worker of eight slots whose claims may load
     # 2 MiB, and whose idle claimer would sleep a minute between polls
     ids = size_tasks.measure.enqueue_many([incompressible(900_000) for _ in range(12)])
+    port = free_port()
     start_worker(
         "--concurrency", "8", "--prefetch", "0", "--poll-interval", "60",
+        "--metrics-port", str(port),
         env={"PGQUEUE_TEST_CLAIM_BATCH_BYTES": str(2 * MIB)},
     )  # fmt: skip
 
@@ -339,6 +342,8 @@ def test_a_worker_claims_large_rows_a_few_at_a_time_and_never_waits_for_a_poll(s
     )
     assert sum(tokens.values()) == 12
     assert max(tokens.values()) == 2, tokens
+    # and the worker counted the claims it cut (at least the five that left rows out)
+    assert scrape(port)[("pgqueue_claims_cut_total",)] >= 5
 
 
 def test_payload_too_large_is_an_invalid_task_error():

@@ -151,6 +151,7 @@ def test_a_written_off_handler_keeps_its_lease_until_it_returns_then_times_out(
     run = Run.objects.get(task_id=task_id)
     assert row.finished_at >= run.finished_at
     assert [(e["outcome"], e["source"]) for e in row.executions] == [("timeout", "settle")]
+    assert scrape(port)[("pgqueue_late_returns_total",)] == 1
     assert worker.proc.poll() is None
 
 

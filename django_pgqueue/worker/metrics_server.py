@@ -76,6 +76,16 @@ class WorkerMetrics:
             "Handler slots written off after overrunning",
             registry=registry,
         )
+        self.late_returns = Counter(
+            "pgqueue_late_returns_total",
+            "Written-off handlers that returned, their attempt settled as a timeout",
+            registry=registry,
+        )
+        self.claims_cut = Counter(
+            "pgqueue_claims_cut_total",
+            "Claims that took fewer rows than asked to stay within CLAIM_BATCH_BYTES",
+            registry=registry,
+        )
         self.handler_processes_killed = Counter(
             "pgqueue_handler_processes_killed_total",
             "Handler processes killed (--execution process): past the task's timeout, on "
@@ -127,6 +137,8 @@ class WorkerMetrics:
             "lease_lost": self.leases_lost,
             "leases_recovered": self.leases_recovered,
             "written_off": self.written_off,
+            "late_return": self.late_returns,
+            "claims_cut": self.claims_cut,
             "handler_processes_killed": self.handler_processes_killed,
             "handler_processes_died": self.handler_processes_died,
             "pruned": self.pruned,
