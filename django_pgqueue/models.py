@@ -190,7 +190,7 @@ class Task(models.Model):
 
 class QueueOverview(Task):
     """No table of its own: the admin's queue overview page hangs off this proxy, so
-    that the admin index links to it (see admin.py). Its one permission,
+    that the admin index links to it (see admin/overview.py). Its one permission,
     ``django_pgqueue.pause_queue``, lets an operator pause and resume queues there."""
 
     class Meta:

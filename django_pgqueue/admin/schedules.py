@@ -26,14 +26,14 @@ from django.urls import reverse
 from django.utils import timezone
 from django.utils.html import format_html
 
-from django_pgqueue.admin_databases import (
+from django_pgqueue.admin.databases import (
     DatabaseFilter,
     database_of,
     request_database,
     request_read_database,
     with_database,
 )
-from django_pgqueue.admin_input import ForgedInputMixin
+from django_pgqueue.admin.input import ForgedInputMixin
 from django_pgqueue.exceptions import InvalidTaskError
 from django_pgqueue.models import Schedule
 from django_pgqueue.periodic import ScheduleDefinition, next_tick, run_now, schedule_registry

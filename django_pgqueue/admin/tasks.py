@@ -1,33 +1,10 @@
-"""The admin: tasks, the queue overview, and the live workers.
-
-Nothing here writes a task row through a model form. Every change goes through
-``operations`` (named, state-checked SQL), so an operator can never overwrite a row a
-worker holds: retry and requeue only match pending or dead rows, cancel of a running
-task only sets ``cancel_requested`` (and ``cancel_hard`` for "Cancel (kill the
-handler)", which a process-mode worker acts on), delete only matches finished rows.
-
-Permissions are Django's model permissions, staff only (the admin site's login):
-viewing tasks, the overview and the workers needs ``view_task`` (or ``change_task``);
-retry, cancel, requeue and sending a signal need ``change_task``; delete needs
-``delete_task``; removing
-stale worker rows needs ``delete_worker``; pausing and resuming queues from the
-overview needs ``pause_queue`` (declared on the QueueOverview proxy).
-
-The lists, the pages and the overview read from the read database (``READ_DATABASE``,
-a replica, when it is set: ``get_queryset``); every change goes to ``DATABASE``. An
-action re-selects its rows there (``queryset.using(DATABASE)``), so it acts on the
-rows as they are now, never on a replica's older copy, and what an action reads back
-of its own writes (the rows it logs) is read there too.
-"""
+"""The task list and a task's page: filters, search, the state-checked actions and buttons."""
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import timedelta
 from typing import Any
-from urllib.parse import urlencode
 
 from django import forms
 from django.contrib import admin, messages
@@ -42,106 +19,51 @@ from django.template.response import TemplateResponse
 from django.urls import path, reverse
 from django.utils import timezone
 from django.utils.html import format_html, format_html_join
-from django.utils.safestring import mark_safe
 
 from django_pgqueue import operations
-from django_pgqueue.admin_databases import (
+from django_pgqueue.admin.common import (
+    EMPTY,
+    _payload,
+    _pretty_json,
+    _replica_of,
+    _state_html,
+    _url,
+)
+from django_pgqueue.admin.databases import (
     DatabaseFilter,
     database_of,
     request_database,
     request_read_database,
     with_database,
 )
-from django_pgqueue.admin_input import (
+from django_pgqueue.admin.input import (
     ForgedInputMixin,
-    refresh_seconds,
     task_id,
     task_id_or_404,
 )
-from django_pgqueue.conf import database_for, get_settings, queue_databases, read_database
+from django_pgqueue.conf import get_settings, queue_databases, read_database
 from django_pgqueue.exceptions import InvalidTaskError
 from django_pgqueue.models import (
     LIVE_STATES,
     TERMINAL_STATES,
     Dependency,
-    Queue,
-    QueueOverview,
     Task,
     TaskState,
     Worker,
 )
-from django_pgqueue.overview import WAIT_REASONS, build_overview, humanize_seconds
+from django_pgqueue.overview import WAIT_REASONS, humanize_seconds
 from django_pgqueue.payload import parse_json
 from django_pgqueue.registry import registry
 
-JSON_DISPLAY_LIMIT = 100_000  # characters of a payload shown on the detail page
 # Dependency edges listed on a task's page, each way: a chord's callback may wait for
 # 10,000 parents, and its page reads the first 100 (and counts the rest).
 EDGE_DISPLAY_LIMIT = 100
-EMPTY = "-"
 # Who wrote an executions entry (the settle, the lease sweep, or a refused late run).
 _EXECUTION_SOURCES = {
     "settle": "settlement",
     "sweep": "lease expired",
     "late": "late (outcome refused)",
 }
-
-STATE_COLOURS = {
-    TaskState.SCHEDULED: "#5b7f95",
-    TaskState.PENDING: "#417690",
-    TaskState.RUNNING: "#b8860b",
-    TaskState.WAITING: "#6f42c1",
-    TaskState.SUCCEEDED: "#2e7d32",
-    TaskState.FAILED: "#ba2121",
-    TaskState.CANCELLED: "#666",
-}
-
-
-def can_view_tasks(request: HttpRequest) -> bool:
-    return request.user.has_perm("django_pgqueue.view_task") or request.user.has_perm(
-        "django_pgqueue.change_task"
-    )
-
-
-def can_pause_queues(request: HttpRequest) -> bool:
-    return request.user.has_perm("django_pgqueue.pause_queue")
-
-
-def _pretty_json(value: Any) -> str:
-    if value is None:
-        return EMPTY
-    text = json.dumps(value, indent=2, sort_keys=True, ensure_ascii=False, default=str)
-    if len(text) > JSON_DISPLAY_LIMIT:
-        text = text[:JSON_DISPLAY_LIMIT] + f"\n… ({len(text) - JSON_DISPLAY_LIMIT} more characters)"
-    return format_html('<pre class="pgqueue-json">{}</pre>', text)
-
-
-def _payload(value: Any) -> str:
-    """What a task's code put in its row (args, kwargs, result, checkpoint, progress,
-    signals): shown as JSON, or hidden with PGQUEUE['ADMIN_SHOW_PAYLOADS'] = False."""
-    if not get_settings().ADMIN_SHOW_PAYLOADS:
-        return mark_safe(
-            '<span class="pgqueue-hidden quiet">hidden (PGQUEUE["ADMIN_SHOW_PAYLOADS"] '
-            "is False)</span>"
-        )
-    return _pretty_json(value)
-
-
-def _url(model_admin: admin.ModelAdmin, name: str, *args: Any) -> str:
-    """The admin URL ``django_pgqueue_<name>`` on the site ``model_admin`` is registered
-    on: ``admin.site``, or a project's own AdminSite (``register``)."""
-    return reverse(
-        f"admin:django_pgqueue_{name}", args=args, current_app=model_admin.admin_site.name
-    )
-
-
-def _state_html(state: str, label: str | None = None) -> str:
-    return format_html(
-        '<span class="pgqueue-state pgqueue-state-{}" style="color:{};font-weight:bold">{}</span>',
-        state,
-        STATE_COLOURS.get(state, "inherit"),
-        label or state,
-    )
 
 
 # -- waiting work: a task's dependency edges ------------------------------------------
@@ -220,9 +142,7 @@ def _edges_table(edges: Edges, one: str, many: str, site: str) -> str:
     rows = [
         (
             with_database(
-                reverse(
-                    "admin:django_pgqueue_task_change", args=[edge["task"]], current_app=site
-                ),
+                reverse("admin:django_pgqueue_task_change", args=[edge["task"]], current_app=site),
                 edges.database,
             ),
             edge["task"],
@@ -279,13 +199,6 @@ class SignalForm(forms.Form):
             return parse_json(self.cleaned_data["payload"], "the payload")
         except InvalidTaskError as exc:
             raise forms.ValidationError(str(exc)) from None
-
-
-def _replica_of(request: HttpRequest) -> str | None:
-    """READ_DATABASE, when the page's reads go there (its database is DATABASE)."""
-    if request_database(request) != queue_databases()[0]:
-        return None
-    return get_settings().READ_DATABASE
 
 
 # -- list filters ---------------------------------------------------------------------
@@ -651,7 +564,7 @@ class TaskAdmin(ForgedInputMixin, admin.ModelAdmin):
 
     def get_queryset(self, request: HttpRequest) -> QuerySet:
         """The list and the detail page read from the read database of the page's
-        database (admin_databases)."""
+        database (admin/databases.py)."""
         return super().get_queryset(request).using(request_read_database(request))
 
     # A task is never edited through a form: see the module docstring.
@@ -1031,215 +944,3 @@ class TaskAdmin(ForgedInputMixin, admin.ModelAdmin):
         else:
             objects = list(Task.objects.using(request_database(request)).filter(pk__in=tasks))
         LogEntry.objects.log_actions(request.user.pk, objects, flag, message)
-
-
-# -- the queue overview ---------------------------------------------------------------
-
-
-@admin.register(QueueOverview)
-class QueueOverviewAdmin(admin.ModelAdmin):
-    """Not a list of rows: the model only puts "Queue overview" on the admin index."""
-
-    def has_view_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return can_view_tasks(request)
-
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def get_urls(self):
-        pause = path(
-            "pause/",
-            self.admin_site.admin_view(self.pause_view),
-            name="django_pgqueue_queueoverview_pause",
-        )
-        return [pause, *super().get_urls()]
-
-    def pause_view(self, request: HttpRequest) -> HttpResponse:
-        """The overview's Pause / Resume buttons: POST queue, task_name (optional) and
-        action ("pause" or "resume"); needs ``pause_queue``."""
-        action = request.POST.get("action")
-        if request.method != "POST" or action not in ("pause", "resume"):
-            raise PermissionDenied("pause or resume a queue with a POST")
-        if not can_pause_queues(request):
-            raise PermissionDenied("pausing and resuming queues needs django_pgqueue.pause_queue")
-        queue = request.POST.get("queue", "")
-        task_name = request.POST.get("task_name") or None
-        what = f"task {task_name} in queue {queue}" if task_name else f"queue {queue}"
-        overview_url = _url(self, "queueoverview_changelist")
-        try:
-            if action == "pause":
-                operations.pause(queue, task_name)
-                done = f"Paused {what}."
-                messages.success(
-                    request, f"{done} Every worker's next claim skips it; running tasks finish."
-                )
-            elif operations.resume(queue, task_name):
-                done = f"Resumed {what}."
-                messages.success(request, done)
-            else:
-                messages.warning(request, f"Queue {queue} was never paused: nothing to resume.")
-                return HttpResponseRedirect(overview_url)
-        except InvalidTaskError as exc:
-            messages.error(request, f"Not {action}d: {exc}")
-            return HttpResponseRedirect(overview_url)
-        # only(): last_escape_at may be -infinity, which Python's datetime cannot hold.
-        queues = list(Queue.objects.using(database_for(queue)).only("name").filter(pk=queue))
-        LogEntry.objects.log_actions(request.user.pk, queues, CHANGE, done)
-        return HttpResponseRedirect(overview_url)
-
-    def changelist_view(self, request: HttpRequest, extra_context=None) -> HttpResponse:
-        if not self.has_view_permission(request):
-            raise PermissionDenied
-        request.current_app = self.admin_site.name  # the template's {% url %}s: this site
-        refresh = request.GET.get("refresh", "")
-        overview = build_overview()
-        tasks_url = _url(self, "task_changelist")
-        for queue in overview["queues"]:
-            for row in queue.rows:
-                base = {
-                    **({"db": queue.database} if queue.database != queue_databases()[0] else {}),
-                    "queue": queue.name,
-                    "task_name": row["task_name"],
-                    "handler_version": row["handler_version"],
-                }
-                row["links"] = {
-                    name: f"{tasks_url}?{urlencode({**base, **filters})}"
-                    for name, filters in {
-                        "all": {},
-                        "due": {"due": "due"},
-                        "scheduled": {"due": "scheduled"},
-                        "running": {"state__exact": "running"},
-                        "waiting": {"state__exact": "waiting"},
-                        "failed": {"state__exact": "failed"},
-                    }.items()
-                }
-        context = {
-            **self.admin_site.each_context(request),
-            **overview,
-            "title": "Queue overview",
-            "opts": self.model._meta,
-            "refresh": refresh_seconds(refresh),
-            "tasks_url": tasks_url,
-            "workers_url": _url(self, "worker_changelist"),
-            "can_pause": can_pause_queues(request),
-            "pause_url": _url(self, "queueoverview_pause"),
-            **(extra_context or {}),
-        }
-        return TemplateResponse(request, "admin/django_pgqueue/overview.html", context)
-
-
-# -- workers --------------------------------------------------------------------------
-
-
-@admin.register(Worker)
-class WorkerAdmin(ForgedInputMixin, admin.ModelAdmin):
-    list_display = (
-        "id",
-        "status",
-        "hostname",
-        "pid",
-        "queues_display",
-        "routes_display",
-        "concurrency",
-        "in_flight",
-        "last_heartbeat_at",
-        "started_at",
-    )
-    list_display_links = None
-    list_filter = (DatabaseFilter,)
-    ordering = ("hostname", "pid")
-    change_list_template = "admin/django_pgqueue/worker/change_list.html"
-    actions = ["remove_stale"]
-
-    def get_queryset(self, request: HttpRequest) -> QuerySet:
-        return super().get_queryset(request).using(request_read_database(request))
-
-    def has_view_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return can_view_tasks(request) or super().has_view_permission(request, obj)
-
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False  # a worker writes its own row
-
-    def get_actions(self, request: HttpRequest) -> dict:
-        actions = super().get_actions(request)
-        actions.pop("delete_selected", None)  # a live worker would only register again
-        return actions
-
-    def _stale_after(self) -> timedelta:
-        return timedelta(seconds=get_settings().WORKER_STALE_AFTER)
-
-    @admin.display(description="status")
-    def status(self, obj: Worker) -> str:
-        silent = (timezone.now() - obj.last_heartbeat_at).total_seconds()
-        if silent > self._stale_after().total_seconds():
-            return format_html(
-                '<span class="pgqueue-stale" style="color:#ba2121;font-weight:bold">'
-                "stale</span> (no heartbeat for {})",
-                humanize_seconds(silent),
-            )
-        return mark_safe('<span class="pgqueue-live" style="color:#2e7d32">live</span>')
-
-    @admin.display(description="queues")
-    def queues_display(self, obj: Worker) -> str:
-        return ", ".join(obj.queues or [])
-
-    @admin.display(description="tasks (versions)")
-    def routes_display(self, obj: Worker) -> str:
-        return format_html_join(
-            ", ", "<code>{}@{}</code>", ((name, version) for name, version in obj.routes or [])
-        )
-
-    @admin.action(description="Remove selected workers that are stale", permissions=["delete"])
-    def remove_stale(self, request: HttpRequest, queryset: QuerySet) -> None:
-        # The database's clock decides what is stale; a live worker's row is left alone.
-        # Decided on the list's database itself: a replica's heartbeats may be behind.
-        queryset = queryset.using(request_database(request))
-        stale = queryset.filter(last_heartbeat_at__lt=Now() - self._stale_after())
-        removed, _ = stale.delete()
-        if removed:
-            messages.success(request, f"Removed {removed} stale worker row(s).")
-        if queryset.count():
-            messages.warning(
-                request, f"Left {queryset.count()} live worker(s) alone: they are heartbeating."
-            )
-
-    def changelist_view(self, request: HttpRequest, extra_context=None) -> HttpResponse:
-        stale_before = timezone.now() - self._stale_after()
-        workers = list(Worker.objects.using(request_read_database(request)))
-        live = [w for w in workers if w.last_heartbeat_at >= stale_before]
-        context = {
-            **(extra_context or {}),
-            "pgqueue_summary": {
-                "live": len(live),
-                "stale": len(workers) - len(live),
-                "slots": sum(w.concurrency for w in live),
-                "in_flight": sum(w.in_flight for w in live),
-                "stale_after": humanize_seconds(self._stale_after().total_seconds()),
-            },
-            "pgqueue_overview_url": _url(self, "queueoverview_changelist"),
-        }
-        return super().changelist_view(request, context)
-
-
-# -- periodic schedules: their own module -----------------------------------------------
-from django_pgqueue import admin_schedules  # noqa: E402
-
-
-def register(site: admin.AdminSite) -> None:
-    """Register the app's admin pages (tasks, the queue overview, workers, schedules) on
-    a project's own ``AdminSite``; ``admin.site`` has them already (docs/admin.md).
-    Their links stay on ``site``. Django's AlreadyRegistered if ``site`` has one of
-    these models."""
-    site.register(Task, TaskAdmin)
-    site.register(QueueOverview, QueueOverviewAdmin)
-    site.register(Worker, WorkerAdmin)
-    site.register(admin_schedules.Schedule, admin_schedules.ScheduleAdmin)

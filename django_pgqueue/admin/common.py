@@ -1,0 +1,87 @@
+"""What the admin's pages share: permissions, links, and how a state or a payload is shown."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from django.contrib import admin
+from django.http import HttpRequest
+from django.urls import reverse
+from django.utils.html import format_html
+from django.utils.safestring import mark_safe
+
+from django_pgqueue.admin.databases import (
+    request_database,
+)
+from django_pgqueue.conf import get_settings, queue_databases
+from django_pgqueue.models import (
+    TaskState,
+)
+
+JSON_DISPLAY_LIMIT = 100_000  # characters of a payload shown on the detail page
+EMPTY = "-"
+
+STATE_COLOURS = {
+    TaskState.SCHEDULED: "#5b7f95",
+    TaskState.PENDING: "#417690",
+    TaskState.RUNNING: "#b8860b",
+    TaskState.WAITING: "#6f42c1",
+    TaskState.SUCCEEDED: "#2e7d32",
+    TaskState.FAILED: "#ba2121",
+    TaskState.CANCELLED: "#666",
+}
+
+
+def can_view_tasks(request: HttpRequest) -> bool:
+    return request.user.has_perm("django_pgqueue.view_task") or request.user.has_perm(
+        "django_pgqueue.change_task"
+    )
+
+
+def can_pause_queues(request: HttpRequest) -> bool:
+    return request.user.has_perm("django_pgqueue.pause_queue")
+
+
+def _pretty_json(value: Any) -> str:
+    if value is None:
+        return EMPTY
+    text = json.dumps(value, indent=2, sort_keys=True, ensure_ascii=False, default=str)
+    if len(text) > JSON_DISPLAY_LIMIT:
+        text = text[:JSON_DISPLAY_LIMIT] + f"\n… ({len(text) - JSON_DISPLAY_LIMIT} more characters)"
+    return format_html('<pre class="pgqueue-json">{}</pre>', text)
+
+
+def _payload(value: Any) -> str:
+    """What a task's code put in its row (args, kwargs, result, checkpoint, progress,
+    signals): shown as JSON, or hidden with PGQUEUE['ADMIN_SHOW_PAYLOADS'] = False."""
+    if not get_settings().ADMIN_SHOW_PAYLOADS:
+        return mark_safe(
+            '<span class="pgqueue-hidden quiet">hidden (PGQUEUE["ADMIN_SHOW_PAYLOADS"] '
+            "is False)</span>"
+        )
+    return _pretty_json(value)
+
+
+def _url(model_admin: admin.ModelAdmin, name: str, *args: Any) -> str:
+    """The admin URL ``django_pgqueue_<name>`` on the site ``model_admin`` is registered
+    on: ``admin.site``, or a project's own AdminSite (``register``)."""
+    return reverse(
+        f"admin:django_pgqueue_{name}", args=args, current_app=model_admin.admin_site.name
+    )
+
+
+def _state_html(state: str, label: str | None = None) -> str:
+    return format_html(
+        '<span class="pgqueue-state pgqueue-state-{}" style="color:{};font-weight:bold">{}</span>',
+        state,
+        STATE_COLOURS.get(state, "inherit"),
+        label or state,
+    )
+
+
+def _replica_of(request: HttpRequest) -> str | None:
+    """READ_DATABASE, when the page's reads go there (its database is DATABASE)."""
+    if request_database(request) != queue_databases()[0]:
+        return None
+    return get_settings().READ_DATABASE

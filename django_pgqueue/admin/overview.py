@@ -1,0 +1,128 @@
+"""The queue overview: one page of every queue's counts, pauses and wait reasons."""
+
+from __future__ import annotations
+
+from typing import Any
+from urllib.parse import urlencode
+
+from django.contrib import admin, messages
+from django.contrib.admin.models import CHANGE, LogEntry
+from django.core.exceptions import PermissionDenied
+from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
+from django.template.response import TemplateResponse
+from django.urls import path
+
+from django_pgqueue import operations
+from django_pgqueue.admin.common import (
+    _url,
+    can_pause_queues,
+    can_view_tasks,
+)
+from django_pgqueue.admin.input import (
+    refresh_seconds,
+)
+from django_pgqueue.conf import database_for, queue_databases
+from django_pgqueue.exceptions import InvalidTaskError
+from django_pgqueue.models import (
+    Queue,
+    QueueOverview,
+)
+from django_pgqueue.overview import build_overview
+
+
+@admin.register(QueueOverview)
+class QueueOverviewAdmin(admin.ModelAdmin):
+    """Not a list of rows: the model only puts "Queue overview" on the admin index."""
+
+    def has_view_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return can_view_tasks(request)
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def get_urls(self):
+        pause = path(
+            "pause/",
+            self.admin_site.admin_view(self.pause_view),
+            name="django_pgqueue_queueoverview_pause",
+        )
+        return [pause, *super().get_urls()]
+
+    def pause_view(self, request: HttpRequest) -> HttpResponse:
+        """The overview's Pause / Resume buttons: POST queue, task_name (optional) and
+        action ("pause" or "resume"); needs ``pause_queue``."""
+        action = request.POST.get("action")
+        if request.method != "POST" or action not in ("pause", "resume"):
+            raise PermissionDenied("pause or resume a queue with a POST")
+        if not can_pause_queues(request):
+            raise PermissionDenied("pausing and resuming queues needs django_pgqueue.pause_queue")
+        queue = request.POST.get("queue", "")
+        task_name = request.POST.get("task_name") or None
+        what = f"task {task_name} in queue {queue}" if task_name else f"queue {queue}"
+        overview_url = _url(self, "queueoverview_changelist")
+        try:
+            if action == "pause":
+                operations.pause(queue, task_name)
+                done = f"Paused {what}."
+                messages.success(
+                    request, f"{done} Every worker's next claim skips it; running tasks finish."
+                )
+            elif operations.resume(queue, task_name):
+                done = f"Resumed {what}."
+                messages.success(request, done)
+            else:
+                messages.warning(request, f"Queue {queue} was never paused: nothing to resume.")
+                return HttpResponseRedirect(overview_url)
+        except InvalidTaskError as exc:
+            messages.error(request, f"Not {action}d: {exc}")
+            return HttpResponseRedirect(overview_url)
+        # only(): last_escape_at may be -infinity, which Python's datetime cannot hold.
+        queues = list(Queue.objects.using(database_for(queue)).only("name").filter(pk=queue))
+        LogEntry.objects.log_actions(request.user.pk, queues, CHANGE, done)
+        return HttpResponseRedirect(overview_url)
+
+    def changelist_view(self, request: HttpRequest, extra_context=None) -> HttpResponse:
+        if not self.has_view_permission(request):
+            raise PermissionDenied
+        request.current_app = self.admin_site.name  # the template's {% url %}s: this site
+        refresh = request.GET.get("refresh", "")
+        overview = build_overview()
+        tasks_url = _url(self, "task_changelist")
+        for queue in overview["queues"]:
+            for row in queue.rows:
+                base = {
+                    **({"db": queue.database} if queue.database != queue_databases()[0] else {}),
+                    "queue": queue.name,
+                    "task_name": row["task_name"],
+                    "handler_version": row["handler_version"],
+                }
+                row["links"] = {
+                    name: f"{tasks_url}?{urlencode({**base, **filters})}"
+                    for name, filters in {
+                        "all": {},
+                        "due": {"due": "due"},
+                        "scheduled": {"due": "scheduled"},
+                        "running": {"state__exact": "running"},
+                        "waiting": {"state__exact": "waiting"},
+                        "failed": {"state__exact": "failed"},
+                    }.items()
+                }
+        context = {
+            **self.admin_site.each_context(request),
+            **overview,
+            "title": "Queue overview",
+            "opts": self.model._meta,
+            "refresh": refresh_seconds(refresh),
+            "tasks_url": tasks_url,
+            "workers_url": _url(self, "worker_changelist"),
+            "can_pause": can_pause_queues(request),
+            "pause_url": _url(self, "queueoverview_pause"),
+            **(extra_context or {}),
+        }
+        return TemplateResponse(request, "admin/django_pgqueue/overview.html", context)
