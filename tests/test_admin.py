@@ -117,7 +117,8 @@ def test_the_task_list_shows_state_attempts_priority_run_at_and_age(admin_client
     for header in ("state", "attempts", "priority", "run at", "age"):
         assert f">{header.capitalize()}<" in html or f">{header}<" in html.lower(), header
     assert "3/3" in html
-    assert "3m 05s" in html
+    # 3m 05s when the page is rendered at once; a loaded machine may take a few seconds
+    assert re.search(r"3m 0[5-9]s", html), "the age, in minutes and seconds"
     assert 'class="pgqueue-state pgqueue-state-failed"' in html
 
 
