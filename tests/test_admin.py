@@ -1,5 +1,6 @@
 """The admin: task list and detail, state-checked actions, permissions, overview, workers."""
 
+import re
 import uuid
 from datetime import timedelta
 
