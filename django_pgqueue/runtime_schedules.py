@@ -203,6 +203,12 @@ def _stored(name: str, fields: dict[str, Any]) -> tuple[dict[str, Any], Schedule
     return json.loads(json.dumps(data)), schedule
 
 
+def check_schedule(name: str, fields: dict[str, Any]) -> ScheduleDefinition:
+    """Validate add_schedule's arguments (``fields``: ``task`` and the keyword
+    arguments) without writing anything: the schedule, or InvalidScheduleError."""
+    return _stored(_check_name(name), fields)[1]
+
+
 def _row_params(name: str, data: dict[str, Any], schedule: ScheduleDefinition) -> dict[str, Any]:
     return {
         "name": name,

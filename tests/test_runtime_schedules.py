@@ -11,7 +11,9 @@ from itertools import pairwise
 
 import psycopg
 import pytest
+from django.contrib.auth.models import Permission
 from django.db import transaction
+from django.urls import reverse
 
 from django_pgqueue import (
     InvalidScheduleError,
@@ -282,19 +284,23 @@ SELECT n.name, s.last_tick, s.created_at, now() AS now
   FROM unnest(%(names)s::text[]) AS n(name)
   LEFT JOIN pgqueue_schedule AS s ON s.name = n.name
 """
-PREVIOUS_ENQUEUE_TICK = QUERIES["enqueue_tick"].replace(
-    """       AND s.paused_at IS NULL
+PREVIOUS_ENQUEUE_TICK = (
+    QUERIES["enqueue_tick"]
+    .replace(
+        """       AND s.paused_at IS NULL
        AND (s.resumed_at IS NULL OR s.resumed_at <= %(tick)s::timestamptz)
        AND s.definition IS NOT DISTINCT FROM %(definition)s::jsonb
 """,
-    "",
-).replace(
-    """       (SELECT EXISTS (SELECT 1 FROM pgqueue_schedule
+        "",
+    )
+    .replace(
+        """       (SELECT EXISTS (SELECT 1 FROM pgqueue_schedule
                         WHERE name = %(name)s::text AND paused_at IS NULL
                           AND definition IS NOT DISTINCT FROM %(definition)s::jsonb))
            AS row_current,
 """,
-    "",
+        "",
+    )
 )
 
 
@@ -375,9 +381,7 @@ def test_a_fleet_picks_up_a_schedule_added_paused_resumed_and_removed_without_a_
 
 
 @pytest.mark.slow
-def test_a_change_reaches_the_workers_and_no_tick_of_the_old_version_follows_it(
-    pg, start_worker
-):
+def test_a_change_reaches_the_workers_and_no_tick_of_the_old_version_follows_it(pg, start_worker):
     for _ in range(2):
         start_worker(wait=False)
     add_schedule("args", BEAT, every=1, args=["before"])
@@ -414,3 +418,149 @@ def test_a_worker_without_the_task_skips_the_schedule_and_says_why(pg, start_wor
         "not firing schedule unknown-here: its task 'tests.only_in_the_test_process' "
         "is not registered in this worker"
     ) in worker.log()
+
+
+# -- the admin ----------------------------------------------------------------------
+
+SCHEDULES = reverse("admin:django_pgqueue_schedule_changelist")
+ADD = reverse("admin:django_pgqueue_schedule_add")
+
+
+def change_url(name: str) -> str:
+    return reverse("admin:django_pgqueue_schedule_change", args=[name])
+
+
+def form_data(**fields) -> dict[str, str]:
+    data = dict(name="from-admin", task=BEAT, cron="", every="60", timezone="UTC",
+                args='["x"]', kwargs="{}", missed="once", catch_up_limit="10", queue="",
+                priority="", max_attempts="", timeout="", metadata="")  # fmt: skip
+    return {**data, **fields}
+
+
+def staff(django_user_model, client, *codenames: str):
+    user = django_user_model.objects.create_user("operator", password="pw", is_staff=True)
+    user.user_permissions.set(Permission.objects.filter(codename__in=codenames))
+    client.force_login(user)
+    return client
+
+
+def messages_of(response) -> list[str]:
+    return [str(m) for m in response.context["messages"]]
+
+
+@pytest.mark.django_db
+def test_the_admin_adds_a_runtime_schedule(admin_client):
+    response = admin_client.post(ADD, form_data(priority="4"), follow=True)
+
+    assert response.status_code == 200
+    row = Schedule.objects.get(pk="from-admin")
+    assert (row.definition["every"], row.definition["args"]) == (60, ["x"])
+    assert row.definition["priority"] == 4
+    html = admin_client.get(SCHEDULES).content.decode()
+    assert f'href="{change_url("from-admin")}"' in html and ">runtime<" in html
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({"cron": "not cron", "every": ""}, "five fields"),
+        ({"args": "[1,"}, "not JSON"),
+        ({"every": "0.5"}, "every must be a number of seconds"),
+        ({"task": "os.system"}, "Select a valid choice"),
+        ({"cron": "0 7 * * *"}, "either cron=... or every=..."),
+    ],
+)
+def test_the_admins_form_refuses_bad_input_and_writes_nothing(admin_client, fields, message):
+    response = admin_client.post(ADD, form_data(**fields))
+
+    assert response.status_code == 200  # the form again, with the error
+    assert message in response.content.decode()
+    assert not Schedule.objects.filter(pk="from-admin").exists()
+
+
+@pytest.mark.django_db
+def test_the_admin_changes_a_runtime_schedule(admin_client):
+    add_schedule("editable", BEAT, every=60, args=["a"])
+    page = admin_client.get(change_url("editable")).content.decode()
+    assert '[&quot;a&quot;]' in page  # the form shows the stored definition
+
+    admin_client.post(change_url("editable"), form_data(name="ignored", every="", cron="0 * * * *"))
+
+    row = Schedule.objects.get(pk="editable")
+    assert (row.definition["cron"], row.definition["every"]) == ("0 * * * *", None)
+    assert not Schedule.objects.filter(pk="ignored").exists()
+
+
+@pytest.mark.django_db
+def test_a_schedule_from_code_has_no_change_form_and_is_not_deleted(admin_client, declare):
+    declare(every=60, name="coded")
+    Schedule.objects.create(name="coded", task_name=BEAT, spec="every 60s", timezone="UTC")
+
+    response = admin_client.post(change_url("coded"), form_data(name="coded", every="5"))
+    admin_client.post(SCHEDULES, {"action": "delete_removed", "_selected_action": ["coded"]})
+
+    assert response.status_code == 403
+    row = Schedule.objects.get(pk="coded")
+    assert row.definition is None and row.spec == "every 60s"
+
+
+@pytest.mark.django_db
+def test_the_admin_pauses_and_resumes_code_and_runtime_schedules(admin_client, declare):
+    declare(every=60, name="coded")
+    Schedule.objects.create(name="coded", task_name=BEAT, spec="every 60s", timezone="UTC")
+    add_schedule("runtime", BEAT, every=60)
+    selected = {"_selected_action": ["coded", "runtime"]}
+
+    paused = admin_client.post(SCHEDULES, {"action": "pause", **selected}, follow=True)
+
+    assert "Paused 2 schedule(s): coded, runtime." in messages_of(paused)
+    assert all(row.paused_at is not None for row in rows().values())
+    assert 'class="pgqueue-paused"' in admin_client.get(SCHEDULES).content.decode()
+
+    resumed = admin_client.post(SCHEDULES, {"action": "resume", **selected}, follow=True)
+
+    assert "Resumed 2 schedule(s): coded, runtime." in messages_of(resumed)
+    assert all(row.paused_at is None and row.resumed_at for row in rows().values())
+
+
+@pytest.mark.django_db
+def test_the_admin_deletes_runtime_schedules_and_leaves_code_ones(admin_client, declare):
+    declare(every=60, name="coded")
+    Schedule.objects.create(name="coded", task_name=BEAT, spec="every 60s", timezone="UTC")
+    add_schedule("runtime", BEAT, every=60)
+
+    response = admin_client.post(
+        SCHEDULES,
+        {"action": "delete_removed", "_selected_action": ["coded", "runtime"]},
+        follow=True,
+    )
+
+    assert set(rows()) == {"coded"}
+    assert "Deleted 1 schedule(s)." in messages_of(response)
+
+
+@pytest.mark.django_db
+def test_each_admin_write_needs_its_permission(client, django_user_model):
+    add_schedule("runtime", BEAT, every=60)
+    viewer = staff(django_user_model, client, "view_schedule")
+
+    assert viewer.post(ADD, form_data()).status_code == 403
+    viewer.post(change_url("runtime"), form_data(name="runtime", every="5"))
+    for action in ("pause", "delete_removed"):
+        viewer.post(SCHEDULES, {"action": action, "_selected_action": ["runtime"]})
+
+    row = Schedule.objects.get(pk="runtime")
+    assert (row.definition["every"], row.paused_at) == (60, None)
+    assert not Schedule.objects.filter(pk="from-admin").exists()
+
+
+@pytest.mark.django_db
+def test_the_admin_marks_a_runtime_schedule_whose_task_is_not_registered(admin_client):
+    add_schedule("orphan", BEAT, every=60)
+    data = {**Schedule.objects.get(pk="orphan").definition, "task": "tests.gone_task"}
+    Schedule.objects.filter(pk="orphan").update(definition=data)
+
+    html = admin_client.get(SCHEDULES).content.decode()
+
+    assert "runtime (task not registered)" in html
