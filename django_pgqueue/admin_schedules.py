@@ -181,6 +181,11 @@ class ScheduleAdmin(ForgedInputMixin, admin.ModelAdmin):
         return super().has_delete_permission(request, obj)
 
     def get_fields(self, request: HttpRequest, obj: Any = None) -> list[str]:
+        if obj is not None and not self.has_change_permission(request, obj):
+            return [  # viewing only: the row as stored
+                "name", "task_name", "spec", "timezone", "definition", "created_at",
+                "paused_at", "resumed_at", "last_tick", "last_task_id",
+            ]  # fmt: skip
         return ["name", *RuntimeScheduleForm.FIELDS]
 
     def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> tuple[str, ...]:

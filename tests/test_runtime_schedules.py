@@ -7,11 +7,13 @@ the new columns."""
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
+from io import StringIO
 from itertools import pairwise
 
 import psycopg
 import pytest
 from django.contrib.auth.models import Permission
+from django.core.management import call_command
 from django.db import transaction
 from django.urls import reverse
 
@@ -213,6 +215,19 @@ def test_run_now_enqueues_a_runtime_schedules_task():
     task_row = Task.objects.get(pk=task_id)
     assert (task_row.args, task_row.priority) == (["now"], 9)
     assert task_row.metadata == {"schedule": "adhoc", "run_now": True}
+
+
+@pytest.mark.django_db
+def test_status_shows_runtime_schedules_and_which_are_paused():
+    add_schedule("hourly", BEAT, cron="0 * * * *")
+    add_schedule("halted", BEAT, every=60, paused=True)
+    out = StringIO()
+
+    call_command("pgqueue_status", stdout=out)
+
+    lines = {line.split()[0]: line for line in out.getvalue().splitlines() if line.strip()}
+    assert lines["halted"].endswith("paused")
+    assert "0 * * * *" in lines["hourly"] and not lines["hourly"].endswith("paused")
 
 
 # -- the database's decision: paused, resumed, changed ------------------------------
@@ -483,7 +498,7 @@ def test_the_admins_form_refuses_bad_input_and_writes_nothing(admin_client, fiel
 def test_the_admin_changes_a_runtime_schedule(admin_client):
     add_schedule("editable", BEAT, every=60, args=["a"])
     page = admin_client.get(change_url("editable")).content.decode()
-    assert '[&quot;a&quot;]' in page  # the form shows the stored definition
+    assert "[&quot;a&quot;]" in page  # the form shows the stored definition
 
     admin_client.post(change_url("editable"), form_data(name="ignored", every="", cron="0 * * * *"))
 
@@ -553,6 +568,18 @@ def test_each_admin_write_needs_its_permission(client, django_user_model):
     row = Schedule.objects.get(pk="runtime")
     assert (row.definition["every"], row.paused_at) == (60, None)
     assert not Schedule.objects.filter(pk="from-admin").exists()
+
+
+@pytest.mark.django_db
+def test_a_viewer_sees_a_runtime_schedule_as_stored(client, django_user_model):
+    add_schedule("runtime", BEAT, every=60, args=["shown"])
+    viewer = staff(django_user_model, client, "view_schedule")
+
+    response = viewer.get(change_url("runtime"))
+
+    assert response.status_code == 200
+    html = response.content.decode()
+    assert "shown" in html and 'name="every"' not in html
 
 
 @pytest.mark.django_db
