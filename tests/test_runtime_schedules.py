@@ -47,9 +47,16 @@ POLL_INTERVAL = 0.5  # tests/settings.py
 TAKE_IN = timedelta(seconds=POLL_INTERVAL + 1.5)
 
 
-@task(name="tests.only_in_the_test_process")
-def only_here() -> None:
-    """A task the worker subprocesses do not register (their TASK_MODULES lack it)."""
+@pytest.fixture
+def only_here():
+    """A task registered in the test process only: the worker subprocesses do not have
+    it (their TASK_MODULES lack it). Forgotten after the test."""
+
+    @task(name="tests.only_in_the_test_process")
+    def only_in_the_test_process() -> None: ...
+
+    yield only_in_the_test_process
+    registry.unregister("tests.only_in_the_test_process")
 
 
 def rows() -> dict[str, Schedule]:
@@ -420,8 +427,7 @@ def test_a_change_reaches_the_workers_and_no_tick_of_the_old_version_follows_it(
 
 
 @pytest.mark.slow
-def test_a_worker_without_the_task_skips_the_schedule_and_says_why(pg, start_worker):
-    assert registry.get("tests.only_in_the_test_process") is not None
+def test_a_worker_without_the_task_skips_the_schedule_and_says_why(pg, start_worker, only_here):
     worker = start_worker()
     add_schedule("unknown-here", "tests.only_in_the_test_process", every=1)
     add_schedule("known", BEAT, every=1)
