@@ -13,6 +13,7 @@ Public API::
     send_receipt.using(priority=10, delay=30).enqueue(order.id)
 
     periodic(send_digest, cron="0 7 * * mon", timezone="Europe/Paris")  # docs/periodic.md
+    add_schedule("nightly", "shop.tasks.report", cron="0 2 * * *")      # at runtime
 
 Everything else is private by name or lives in a submodule documented in docs/.
 """
@@ -44,28 +45,44 @@ from django_pgqueue.operations import (
 from django_pgqueue.periodic import periodic
 from django_pgqueue.registry import TaskDefinition, call, task
 from django_pgqueue.retry import RetryPolicy
+from django_pgqueue.runtime_schedules import (
+    InvalidScheduleError,
+    ScheduleDoesNotExist,
+    add_schedule,
+    pause_schedule,
+    remove_schedule,
+    resume_schedule,
+    update_schedule,
+)
 
 __all__ = [
     "Cancelled",
     "Continue",
+    "InvalidScheduleError",
     "InvalidTaskError",
     "LeaseLost",
     "PayloadTooLarge",
     "Retry",
     "RetryPolicy",
+    "ScheduleDoesNotExist",
     "Snooze",
     "Suspend",
     "TaskContext",
     "TaskDefinition",
     "TaskDoesNotExist",
     "TaskNotRegistered",
+    "add_schedule",
     "call",
     "cancel",
     "get_task",
     "pause",
+    "pause_schedule",
     "periodic",
     "queue_overview",
+    "remove_schedule",
     "resume",
+    "resume_schedule",
     "signal",
     "task",
+    "update_schedule",
 ]

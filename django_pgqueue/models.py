@@ -274,8 +274,9 @@ class Worker(models.Model):
 class Schedule(models.Model):
     """One row per periodic schedule (docs/periodic.md), by name: created the first
     time a worker sees the schedule, advanced by each tick it enqueues (sql:
-    enqueue_tick). The schedule itself is declared in code; task_name, spec and
-    timezone are a copy of it, for the admin to show after it was removed."""
+    enqueue_tick). A schedule declared in code has no ``definition``; task_name, spec
+    and timezone are a copy of it, for the admin to show after it was removed. A
+    schedule added at runtime (add_schedule, the admin) is its ``definition``."""
 
     name = models.CharField(max_length=255, primary_key=True)
     task_name = models.CharField(max_length=255)
@@ -290,6 +291,11 @@ class Schedule(models.Model):
     last_enqueued_at = models.DateTimeField(null=True, blank=True)
     last_task_id = models.BigIntegerField(null=True, blank=True)
     last_worker_id = models.CharField(max_length=64, null=True, blank=True)
+    # A runtime schedule (periodic.RuntimeSchedule.stored); NULL: declared in code.
+    definition = models.JSONField(null=True, blank=True)
+    # Paused: no tick is enqueued (sql: enqueue_tick). Resumed: no tick before it runs.
+    paused_at = models.DateTimeField(null=True, blank=True)
+    resumed_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         db_table = "pgqueue_schedule"

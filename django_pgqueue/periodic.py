@@ -8,7 +8,8 @@ per tick, that each tick is enqueued once across the fleet (sql: enqueue_tick). 
 docs/periodic.md.
 
 ``from django_pgqueue import periodic`` declares; ``from django_pgqueue.periodic import
-run_now, schedules`` for the rest (the package's ``periodic`` is the function).
+run_now, schedules`` for the rest (the package's ``periodic`` is the function). Schedules
+added, changed, paused and removed at runtime: runtime_schedules.py.
 """
 
 from __future__ import annotations
@@ -54,6 +55,9 @@ class ScheduleDefinition:
     timezone: str
     missed: str
     catch_up_limit: int
+    # A runtime schedule's definition as its row stores it (runtime_schedules.py); None
+    # for a schedule from code.
+    stored: dict[str, Any] | None = None
 
     @property
     def queue(self) -> str:
@@ -329,22 +333,41 @@ def _catch_up_limit(where: str, limit: Any) -> int:
 def run_now(name: str) -> int:
     """Enqueue a schedule's task now, in the caller's transaction, outside its ticks:
     the schedule's last tick does not move. Returns the task id. The task's metadata
-    says ``{"schedule": name, "run_now": true}``."""
-    schedule = schedule_registry.get(name)
+    says ``{"schedule": name, "run_now": true}``. A schedule from code, or (not
+    declared in this process) a runtime schedule whose task is registered here."""
+    schedule = schedule_registry.find(name) or _runtime(name)
+    if schedule is None:
+        schedule_registry.get(name)  # raises ScheduleNotDeclared, naming the declared ones
     row_metadata = {**schedule.task.options.metadata, "schedule": name, "run_now": True}
     return schedule.task.using(metadata=row_metadata).enqueue(*schedule.args, **schedule.kwargs)
+
+
+def _runtime(name: str) -> ScheduleDefinition | None:
+    """The runtime schedule of this name, from its row on a database with a task table."""
+    from django_pgqueue.conf import queue_databases
+    from django_pgqueue.models import Schedule
+    from django_pgqueue.runtime_schedules import runtime_definition
+
+    for alias in queue_databases():
+        row = Schedule.objects.using(alias).filter(name=name, definition__isnull=False).first()
+        if row is not None:
+            return runtime_definition(name, row.definition)
+    return None
 
 
 def schedules(using: str | None = None) -> list[dict[str, Any]]:
     """Every schedule declared in this process or recorded in the database, by name.
 
     Each: ``name``, ``task``, ``schedule`` (``0 7 * * mon`` or ``every 10s``),
-    ``timezone``, ``missed``, ``queue``, ``declared`` (False: a row left by a schedule
-    removed from the code, which no longer fires), ``first_seen`` (when a worker first
-    saw it), ``last_tick``, ``last_enqueued_at``, ``last_task_id``, ``last_worker_id``
-    and ``next_tick`` (the first tick after now, by the declaration in this process;
-    None when not declared). A declared schedule no worker has seen yet has no times.
-    The rows are read from the read database of each alias with a task table (a
+    ``timezone``, ``missed``, ``queue``, ``origin`` (``"code"``: declared in this
+    process; ``"runtime"``: added with add_schedule or the admin; ``"removed"``: a row
+    left by a schedule removed from the code, which no longer fires), ``declared``
+    (origin is code), ``paused`` and ``paused_at``, ``first_seen`` (when a worker first
+    saw it, or it was added), ``last_tick``, ``last_enqueued_at``, ``last_task_id``,
+    ``last_worker_id`` and ``next_tick`` (the first tick after now, or after it was
+    resumed; None when paused, removed, or a runtime schedule whose task is not
+    registered in this process). A declared schedule no worker has seen yet has no
+    times. The rows are read from the read database of each alias with a task table (a
     schedule's row is on its queue's database; ``READ_DATABASE`` for DATABASE) unless
     ``using`` names one alias. Each entry names its ``database``.
     """
@@ -352,6 +375,7 @@ def schedules(using: str | None = None) -> list[dict[str, Any]]:
 
     from django_pgqueue.conf import database_for, queue_databases, read_database
     from django_pgqueue.models import Schedule
+    from django_pgqueue.runtime_schedules import runtime_definition
 
     declared = {s.name: s for s in schedule_registry.all()}
     aliases = [using] if using else queue_databases()
@@ -366,23 +390,31 @@ def schedules(using: str | None = None) -> list[dict[str, Any]]:
     listing = []
     for name in sorted(set(rows) | set(declared)):
         row, schedule = rows.get(name), declared.get(name)
+        data = (row.definition if row is not None else None) or {}
+        origin = "code" if schedule else "runtime" if data else "removed"
+        if origin == "runtime":
+            schedule = runtime_definition(name, data)
+        paused = row is not None and row.paused_at is not None
         listing.append(
             {
                 "name": name,
                 "task": schedule.task.name if schedule else row.task_name,
                 "schedule": schedule.spec if schedule else row.spec,
                 "timezone": schedule.timezone if schedule else row.timezone,
-                "missed": schedule.missed if schedule else None,
-                "queue": schedule.queue if schedule else None,
+                "missed": schedule.missed if schedule else data.get("missed"),
+                "queue": schedule.queue if schedule else data.get("queue"),
                 "database": found_on.get(name)
                 or (database_for(schedule.queue) if schedule else None),
-                "declared": schedule is not None,
+                "origin": origin,
+                "declared": origin == "code",
+                "paused": paused,
+                "paused_at": row.paused_at if row else None,
                 "first_seen": row.created_at if row else None,
                 "last_tick": row.last_tick if row else None,
                 "last_enqueued_at": row.last_enqueued_at if row else None,
                 "last_task_id": row.last_task_id if row else None,
                 "last_worker_id": row.last_worker_id if row else None,
-                "next_tick": next_tick(schedule, row, now) if schedule else None,
+                "next_tick": next_tick(schedule, row, now) if schedule and not paused else None,
             }
         )
     return listing
@@ -392,4 +424,6 @@ def next_tick(schedule: ScheduleDefinition, row: Any, now: datetime) -> datetime
     """The schedule's first tick after ``now`` (and after its last tick, if a clock put
     that in the future)."""
     after = now if row is None or row.last_tick is None else max(now, row.last_tick)
+    if row is not None and getattr(row, "resumed_at", None) is not None:
+        after = max(after, row.resumed_at)
     return schedule.next_tick(after)

@@ -574,6 +574,7 @@ def test_run_now_enqueues_the_task_without_moving_the_last_tick(declare):
     assert (row.last_tick, row.last_task_id) == (last, 1)
 
 
+@pytest.mark.django_db
 def test_run_now_of_an_undeclared_schedule_names_the_declared_ones(declare):
     declare(every=60, name="known")
 

@@ -1,13 +1,17 @@
-"""The admin's list of periodic schedules (docs/periodic.md), read-only, with "run now".
+"""The admin's list of periodic schedules (docs/periodic.md), with "run now", and the
+forms of runtime schedules.
 
-A row exists for each schedule a worker has seen; what the schedule is (its task,
-cron or interval, time zone, missed-tick policy, next tick) comes from the code of this
-process. A row whose schedule is no longer declared shows "removed": it no longer
-fires.
+A row exists for each schedule a worker has seen, and for each runtime schedule; what a
+schedule from code is (its task, cron or interval, time zone, missed-tick policy, next
+tick) comes from the code of this process, a runtime schedule's from its row. A row
+whose schedule is no longer declared shows "removed": it no longer fires.
 
 Permissions are Django's model permissions on Schedule, staff only: viewing needs
-``view_schedule`` (or ``change_schedule``); "Run now" needs ``change_schedule``;
-deleting the rows of removed schedules needs ``delete_schedule``.
+``view_schedule`` (or ``change_schedule``); "Run now", "Pause" and "Resume" need
+``change_schedule``; adding a runtime schedule needs ``add_schedule``, changing one
+``change_schedule``; deleting runtime schedules and the rows of removed schedules needs
+``delete_schedule``. A schedule from code is never changed nor deleted here, only
+paused and resumed. Every write goes through runtime_schedules.py, validated as the API.
 
 The list reads from the read database (``READ_DATABASE`` when set); the actions
 re-select the rows on ``DATABASE`` and write there.
@@ -15,8 +19,10 @@ re-select the rows on ``DATABASE`` and write there.
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
+from django import forms
 from django.contrib import admin, messages
 from django.contrib.admin.models import CHANGE, DELETION, LogEntry
 from django.db import transaction
@@ -37,14 +43,112 @@ from django_pgqueue.admin.input import ForgedInputMixin
 from django_pgqueue.exceptions import InvalidTaskError
 from django_pgqueue.models import Schedule
 from django_pgqueue.periodic import ScheduleDefinition, next_tick, run_now, schedule_registry
+from django_pgqueue.registry import registry
+from django_pgqueue.runtime_schedules import (
+    InvalidScheduleError,
+    ScheduleDoesNotExist,
+    add_schedule,
+    check_schedule,
+    pause_schedule,
+    resume_schedule,
+    runtime_definition,
+    update_schedule,
+)
 
 EMPTY = "-"
+MISSED_CHOICES = [("once", "once"), ("skip", "skip"), ("all", "all")]
+
+
+class JSONInput(forms.CharField):
+    """A JSON value typed in a textarea; the API checks what it may hold."""
+
+    widget = forms.Textarea(attrs={"rows": 2, "cols": 60})
+
+    def to_python(self, value: Any) -> Any:
+        text = super().to_python(value)
+        if text in ("", None):
+            return None
+        try:
+            return json.loads(text)
+        except ValueError as exc:
+            raise forms.ValidationError(f"not JSON: {exc}") from None
+
+    def prepare_value(self, value: Any) -> Any:
+        return value if isinstance(value, str) or value is None else json.dumps(value)
+
+
+class RuntimeScheduleForm(forms.ModelForm):
+    """A runtime schedule: add_schedule's arguments, validated as the API validates
+    them (runtime_schedules._stored) before anything is written."""
+
+    name = forms.CharField(max_length=255)
+    task = forms.ChoiceField(choices=())
+    cron = forms.CharField(required=False, help_text="five fields, e.g. 0 7 * * mon")
+    every = forms.FloatField(required=False, help_text="seconds (>= 1); or a cron")
+    timezone = forms.CharField(initial="UTC", help_text="IANA time zone, for cron")
+    args = JSONInput(required=False, initial="[]", help_text="JSON list")
+    kwargs = JSONInput(required=False, initial="{}", help_text="JSON object")
+    missed = forms.ChoiceField(choices=MISSED_CHOICES, initial="once")
+    catch_up_limit = forms.IntegerField(initial=10, help_text='with missed "all"')
+    queue = forms.CharField(required=False, help_text="default: the task's")
+    priority = forms.IntegerField(required=False, help_text="default: the task's")
+    max_attempts = forms.IntegerField(required=False, help_text="default: the task's")
+    timeout = forms.FloatField(required=False, help_text="seconds; default: the task's")
+    metadata = JSONInput(required=False, help_text="JSON object, added to the task's")
+
+    FIELDS = ("task", "cron", "every", "timezone", "args", "kwargs", "missed",
+              "catch_up_limit", "queue", "priority", "max_attempts", "timeout",
+              "metadata")  # fmt: skip
+
+    class Meta:
+        model = Schedule
+        fields = ("name",)
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.fields["task"].choices = [(t.name, t.name) for t in _registered()]
+        data = self.instance.definition if self.instance.pk else None
+        if isinstance(data, dict):
+            for field in self.FIELDS:
+                if data.get(field) is not None:
+                    self.initial[field] = data[field]
+
+    def schedule_fields(self) -> dict[str, Any]:
+        fields = {f: self.cleaned_data.get(f) for f in self.FIELDS}
+        fields["args"] = [] if fields["args"] is None else fields["args"]
+        fields["every"] = _whole(fields["every"])
+        fields["cron"] = fields["cron"] or None
+        fields["queue"] = fields["queue"] or None
+        return fields
+
+    def clean(self) -> dict[str, Any]:
+        cleaned = super().clean()
+        if self.errors:
+            return cleaned
+        name = self.instance.name if self.instance.pk else cleaned.get("name")
+        if not self.instance.pk and name in schedule_registry:
+            raise forms.ValidationError(f"schedule {name!r} is declared in the code")
+        try:
+            check_schedule(name, self.schedule_fields())
+        except InvalidScheduleError as exc:
+            raise forms.ValidationError(str(exc)) from None
+        return cleaned
+
+
+def _registered() -> list[Any]:
+    return sorted({d.name: d for d in registry.all()}.values(), key=lambda d: d.name)
+
+
+def _whole(value: float | None) -> float | int | None:
+    """2.0 -> 2 (as the API is called with), 2.5 stays."""
+    return int(value) if value is not None and value == int(value) else value
 
 
 @admin.register(Schedule)
 class ScheduleAdmin(ForgedInputMixin, admin.ModelAdmin):
+    form = RuntimeScheduleForm
     list_display = (
-        "name",
+        "name_display",
         "task_display",
         "schedule_display",
         "timezone_display",
@@ -56,25 +160,47 @@ class ScheduleAdmin(ForgedInputMixin, admin.ModelAdmin):
     )
     list_display_links = None
     search_fields = ("name", "task_name")
-    actions = ["run_now", "delete_removed"]
+    actions = ["run_now", "pause", "resume", "delete_removed"]
 
     list_filter = (DatabaseFilter,)
 
     def get_queryset(self, request: HttpRequest) -> QuerySet:
         return super().get_queryset(request).using(request_read_database(request))
 
-    # A schedule is declared in code, and its row is the workers' to write.
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
-
+    # A schedule from code is the code's: only runtime schedules are added, changed
+    # (the change permission with obj=None is also what "run now" and pausing require)
+    # and deleted here; the rows of schedules removed from the code are deleted too.
     def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        # No change form; the change permission (obj=None) is what "run now" requires.
-        return obj is None and super().has_change_permission(request)
+        if obj is not None and obj.definition is None:
+            return False
+        return super().has_change_permission(request, obj)
 
     def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         if obj is not None and obj.name in schedule_registry:
             return False  # the workers would only create it again
         return super().has_delete_permission(request, obj)
+
+    def get_fields(self, request: HttpRequest, obj: Any = None) -> list[str]:
+        if obj is not None and not self.has_change_permission(request, obj):
+            return [  # viewing only: the row as stored
+                "name", "task_name", "spec", "timezone", "definition", "created_at",
+                "paused_at", "resumed_at", "last_tick", "last_task_id",
+            ]  # fmt: skip
+        return ["name", *RuntimeScheduleForm.FIELDS]
+
+    def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> tuple[str, ...]:
+        return ("name",) if obj is not None else ()
+
+    def save_model(self, request: HttpRequest, obj: Schedule, form: Any, change: bool) -> None:
+        fields = form.schedule_fields()
+        if change:
+            update_schedule(obj.name, using=request_database(request), **fields)
+        else:
+            task = fields.pop("task")
+            add_schedule(obj.name, task, **fields)
+
+    def delete_model(self, request: HttpRequest, obj: Schedule) -> None:
+        Schedule.objects.using(request_database(request)).filter(pk=obj.pk).delete()
 
     def get_actions(self, request: HttpRequest) -> dict:
         actions = super().get_actions(request)
@@ -83,7 +209,30 @@ class ScheduleAdmin(ForgedInputMixin, admin.ModelAdmin):
 
     @staticmethod
     def _declared(obj: Schedule) -> ScheduleDefinition | None:
+        """The schedule as this process knows it: from code, or a runtime row's (None
+        when its task is not registered here)."""
+        if obj.definition is not None:
+            key = json.dumps(obj.definition, sort_keys=True)
+            cached = getattr(obj, "_pgqueue_definition", None)
+            if cached is None or cached[0] != key:
+                cached = (key, runtime_definition(obj.name, obj.definition))
+                obj._pgqueue_definition = cached
+            return cached[1]
         return schedule_registry.find(obj.name)
+
+    @admin.display(description="name", ordering="name")
+    def name_display(self, obj: Schedule) -> str:
+        if obj.definition is None:
+            return obj.name
+        url = with_database(
+            reverse(
+                "admin:django_pgqueue_schedule_change",
+                args=[obj.pk],
+                current_app=self.admin_site.name,
+            ),
+            database_of(obj._state.db),
+        )
+        return format_html('<a href="{}">{}</a>', url, obj.name)
 
     # -- columns ----------------------------------------------------------------------
     @admin.display(description="task", ordering="task_name")
@@ -126,16 +275,30 @@ class ScheduleAdmin(ForgedInputMixin, admin.ModelAdmin):
 
     @admin.display(description="next tick")
     def next_tick_display(self, obj: Schedule) -> str:
+        if obj.paused_at is not None:
+            return format_html(
+                '<span class="pgqueue-paused" title="since {}">{}</span>',
+                obj.paused_at.isoformat(timespec="seconds"),
+                "paused",
+            )
         declared = self._declared(obj)
         if declared is None:
             return EMPTY
         upcoming = next_tick(declared, obj, timezone.now())
         return upcoming.isoformat(timespec="seconds") if upcoming else "never"
 
-    @admin.display(description="in code")
+    @admin.display(description="from")
     def declared_display(self, obj: Schedule) -> str:
-        if self._declared(obj) is not None:
-            return format_html('<span class="pgqueue-live" style="color:#2e7d32">{}</span>', "yes")
+        if obj.definition is not None:
+            if self._declared(obj) is None:
+                return format_html(
+                    '<span class="pgqueue-unregistered" style="color:#ba2121" title="{}">{}</span>',
+                    "its task is not registered in this process: workers without it skip it",
+                    "runtime (task not registered)",
+                )
+            return format_html('<span class="pgqueue-runtime">{}</span>', "runtime")
+        if obj.name in schedule_registry:
+            return format_html('<span class="pgqueue-live" style="color:#2e7d32">{}</span>', "code")
         return format_html(
             '<span class="pgqueue-removed" style="color:#ba2121;font-weight:bold">{}</span>',
             "removed",
@@ -150,7 +313,7 @@ class ScheduleAdmin(ForgedInputMixin, admin.ModelAdmin):
         database = request_database(request)
         with transaction.atomic(using=database):
             for schedule in queryset.using(database):
-                if schedule.name not in schedule_registry:
+                if schedule.name not in schedule_registry and self._declared(schedule) is None:
                     removed.append(schedule.name)
                     continue
                 try:
@@ -171,11 +334,45 @@ class ScheduleAdmin(ForgedInputMixin, admin.ModelAdmin):
         if removed:
             messages.error(
                 request,
-                f"Skipped {', '.join(removed)}: no longer declared in the code, so there is "
-                "no task to run.",
+                f"Skipped {', '.join(removed)}: no longer declared in the code (or a runtime "
+                "schedule whose task is not registered here), so there is no task to run.",
             )
 
-    @admin.action(description="Delete the rows of removed schedules", permissions=["delete"])
+    @admin.action(description="Pause (no tick until resumed)", permissions=["change"])
+    def pause(self, request: HttpRequest, queryset: QuerySet) -> None:
+        self._switch(request, queryset, "pause")
+
+    @admin.action(description="Resume (from the next tick on)", permissions=["change"])
+    def resume(self, request: HttpRequest, queryset: QuerySet) -> None:
+        self._switch(request, queryset, "resume")
+
+    def _switch(self, request: HttpRequest, queryset: QuerySet, action: str) -> None:
+        database = request_database(request)
+        done, skipped = [], []
+        with transaction.atomic(using=database):
+            for schedule in queryset.using(database):
+                try:
+                    if action == "pause":
+                        pause_schedule(schedule.name, using=database)
+                    elif not resume_schedule(schedule.name, using=database):
+                        skipped.append(f"{schedule.name} (not paused)")
+                        continue
+                except (InvalidScheduleError, ScheduleDoesNotExist) as exc:
+                    skipped.append(str(exc))
+                    continue
+                done.append(schedule)
+        for schedule in done:
+            LogEntry.objects.log_actions(request.user.pk, [schedule], CHANGE, f"{action.title()}d.")
+        if done:
+            names = ", ".join(s.name for s in done)
+            messages.success(request, f"{action.title()}d {len(done)} schedule(s): {names}.")
+        if skipped:
+            messages.warning(request, f"Skipped: {'; '.join(skipped)}.")
+
+    @admin.action(
+        description="Delete runtime schedules and the rows of removed schedules",
+        permissions=["delete"],
+    )
     def delete_removed(self, request: HttpRequest, queryset: QuerySet) -> None:
         queryset = queryset.using(request_database(request))
         doomed = [s for s in queryset if s.name not in schedule_registry]
@@ -183,12 +380,12 @@ class ScheduleAdmin(ForgedInputMixin, admin.ModelAdmin):
         if doomed:
             LogEntry.objects.log_actions(request.user.pk, doomed, DELETION, "")
             queryset.filter(pk__in=[s.pk for s in doomed]).delete()
-            messages.success(request, f"Deleted {len(doomed)} row(s) of removed schedules.")
+            messages.success(request, f"Deleted {len(doomed)} schedule(s).")
         if kept:
             messages.warning(
                 request,
-                f"Left {kept} schedule(s) alone: still declared in the code (the workers "
-                "would create their rows again).",
+                f"Left {kept} schedule(s) alone: declared in the code, which only the code "
+                "can remove (pause them instead).",
             )
 
     def changelist_view(self, request: HttpRequest, extra_context=None) -> HttpResponse:

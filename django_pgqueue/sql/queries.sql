@@ -1731,18 +1731,27 @@ SELECT 'failed', count(*)
    AND lease_token IS NULL;
 
 
--- Periodic schedules (docs/periodic.md). Schedules are declared in code; each has a
--- row in pgqueue_schedule, by name (its primary key), created the first time a worker
--- serving its queue sees it. The row holds the last tick enqueued: the database, not a
+-- Periodic schedules (docs/periodic.md). Schedules are declared in code, or added at
+-- runtime (their row holds their definition); each has a row in pgqueue_schedule, by
+-- name (its primary key), created the first time a worker serving its queue sees it
+-- (code) or by add_schedule (runtime). The row holds the last tick enqueued: the database, not a
 -- leader, decides that each tick is enqueued once across the fleet (enqueue_tick).
 
 -- name: schedule_state
--- The scheduler's wake-up without a due tick (at most every few seconds): the
--- database's clock, and the row of each of its schedules (NULLs: not seen yet). By
--- primary key.
-SELECT n.name, s.last_tick, s.created_at, now() AS now
-  FROM unnest(%(names)s::text[]) AS n(name)
-  LEFT JOIN pgqueue_schedule AS s ON s.name = n.name;
+-- The scheduler's wake-up without a due tick (every POLL_INTERVAL, at most every few
+-- seconds): the database's clock, the row of each of its schedules declared in code
+-- (by primary key; a missing row: not seen yet), and every runtime schedule (a row
+-- with a definition) of its queues (a scan of the schedule table: one row per
+-- schedule, a few hundred at most). The first row carries only the clock, so that
+-- there is one even without any schedule.
+SELECT NULL::text AS name, NULL::timestamptz AS last_tick, NULL::timestamptz AS created_at,
+       NULL::timestamptz AS paused_at, NULL::timestamptz AS resumed_at,
+       NULL::jsonb AS definition, now() AS now
+UNION ALL
+SELECT s.name, s.last_tick, s.created_at, s.paused_at, s.resumed_at, s.definition, now()
+  FROM pgqueue_schedule AS s
+ WHERE s.name = ANY(%(names)s::text[])
+    OR (s.definition IS NOT NULL AND s.definition->>'queue' = ANY(%(queues)s::text[]));
 
 
 -- name: schedule_seen
@@ -1768,7 +1777,13 @@ SELECT n.name, n.task_name, n.spec, n.timezone, now()
 -- worker late for a tick, or with another version of the schedule, cannot enqueue a
 -- tick older than the last one. Also refused: a tick before the row existed (a new
 -- schedule does not run for the past), and a tick after the database's now() (a tick
--- is due by the database's clock, never a worker's).
+-- is due by the database's clock, never a worker's). Refused too: a paused schedule,
+-- a tick before it was last resumed (the ticks of a pause are skipped), and a worker's
+-- version of the schedule that is not the row's: a runtime schedule's definition as the
+-- worker read it must be the row's (a change commits, and no worker fires the old
+-- version after it); a schedule from code has none (a runtime schedule of the same
+-- name takes precedence). row_current says whether the row is there, running, and the
+-- worker's version: when it is not, the worker reads the rows again.
 -- The task's columns and parameters are those of enqueue (build_row: validated the
 -- same way); it is pending, due now, with the schedule and tick in its metadata. An
 -- expiry in seconds counts from now(), the tick's enqueue (not the tick's own time).
@@ -1788,6 +1803,9 @@ WITH advanced AS (
        AND (s.last_tick IS NULL OR s.last_tick < %(tick)s::timestamptz)
        AND s.created_at <= %(tick)s::timestamptz
        AND %(tick)s::timestamptz <= now()
+       AND s.paused_at IS NULL
+       AND (s.resumed_at IS NULL OR s.resumed_at <= %(tick)s::timestamptz)
+       AND s.definition IS NOT DISTINCT FROM %(definition)s::jsonb
     RETURNING s.last_task_id
 ),
 inserted AS (
@@ -1806,6 +1824,82 @@ inserted AS (
 SELECT (SELECT id FROM inserted) AS task_id,
        (SELECT EXISTS (SELECT 1 FROM pgqueue_schedule WHERE name = %(name)s::text))
            AS row_exists,
+       (SELECT EXISTS (SELECT 1 FROM pgqueue_schedule
+                        WHERE name = %(name)s::text AND paused_at IS NULL
+                          AND definition IS NOT DISTINCT FROM %(definition)s::jsonb))
+           AS row_current,
        now() AS now,
        (SELECT pg_notify('pgqueue_' || (hashtext(queue) & 63), queue)::text FROM inserted)
            AS notified;
+
+
+-- Runtime schedules (periodic.add_schedule and the others; the admin): each statement
+-- runs in the caller's transaction, on the database of the schedule's queue. A worker
+-- sees the change at its next schedule_state (within POLL_INTERVAL), and enqueue_tick
+-- refuses a tick of a version of the schedule that is no longer the row's at once.
+
+-- name: schedule_add
+-- A new runtime schedule: its row, first seen now (no tick before). Nothing if the
+-- name is taken (the caller says by what: schedule_get).
+INSERT INTO pgqueue_schedule (name, task_name, spec, timezone, created_at, definition)
+VALUES (%(name)s::text, %(task_name)s::text, %(spec)s::text, %(timezone)s::text, now(),
+        %(definition)s::jsonb)
+    ON CONFLICT (name) DO NOTHING
+RETURNING name;
+
+
+-- name: schedule_get
+-- One schedule's row, locked until the caller's transaction ends (an update reads,
+-- merges and writes it without losing a concurrent change).
+SELECT name, task_name, spec, timezone, created_at, last_tick, paused_at, resumed_at,
+       definition
+  FROM pgqueue_schedule
+ WHERE name = %(name)s::text
+   FOR UPDATE;
+
+
+-- name: schedule_update
+-- A runtime schedule's new definition. Its last tick stays: the ticks of the new
+-- definition after it count as missed (docs/periodic.md).
+UPDATE pgqueue_schedule
+   SET definition = %(definition)s::jsonb,
+       task_name = %(task_name)s::text,
+       spec = %(spec)s::text,
+       timezone = %(timezone)s::text
+ WHERE name = %(name)s::text
+   AND definition IS NOT NULL
+RETURNING name;
+
+
+-- name: schedule_pause
+-- Pause a schedule: no tick is enqueued until it is resumed. A schedule from code that
+-- no worker has seen yet gets its row now, paused (the columns are a copy of the
+-- code's declaration; definition stays NULL). Pausing a paused schedule keeps its
+-- paused_at. A runtime schedule must exist (the caller checks schedule_get first).
+INSERT INTO pgqueue_schedule (name, task_name, spec, timezone, created_at, paused_at)
+VALUES (%(name)s::text, %(task_name)s::text, %(spec)s::text, %(timezone)s::text, now(),
+        now())
+    ON CONFLICT (name) DO UPDATE
+   SET paused_at = COALESCE(pgqueue_schedule.paused_at, now())
+RETURNING name, paused_at;
+
+
+-- name: schedule_resume
+-- Resume a paused schedule: its first tick is the first after now (the ticks of the
+-- pause are skipped, whatever its missed policy). Nothing if it was not paused.
+UPDATE pgqueue_schedule
+   SET paused_at = NULL,
+       resumed_at = now()
+ WHERE name = %(name)s::text
+   AND paused_at IS NOT NULL
+RETURNING name;
+
+
+-- name: schedule_remove
+-- Delete a runtime schedule's row: its workers drop it at their next schedule_state,
+-- and enqueue_tick finds no row meanwhile. A schedule from code has no definition and
+-- is never deleted here.
+DELETE FROM pgqueue_schedule
+ WHERE name = %(name)s::text
+   AND definition IS NOT NULL
+RETURNING name;

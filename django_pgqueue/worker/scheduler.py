@@ -8,11 +8,14 @@ clock, so clock skew between hosts does not matter.
 
 It sleeps until the next tick of its schedules, but never longer than MAX_SLEEP. A due
 tick costs one statement (enqueue_tick); without one, it reads its schedules' rows and
-the clock (schedule_state) at most every REFRESH seconds.
+the clock (schedule_state) every POLL_INTERVAL (at most every REFRESH seconds). That
+read brings the runtime schedules of its queues (runtime_schedules.py): added, changed,
+paused, resumed and removed ones reach it then, without a restart.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 import time
@@ -23,6 +26,7 @@ from typing import Any
 from psycopg.rows import dict_row
 
 from django_pgqueue.periodic import ScheduleDefinition
+from django_pgqueue.runtime_schedules import runtime_definition
 from django_pgqueue.sql import QUERIES
 from django_pgqueue.worker.connection import Session
 from django_pgqueue.worker.stats import WorkerStats
@@ -61,9 +65,13 @@ class _Schedule:
     """What this worker knows of one schedule's row."""
 
     definition: ScheduleDefinition
-    first_seen: datetime | None = None  # None: no row (not seen yet, or deleted)
+    # When ticks start: the row's created_at, or its resumed_at if later. None: no row
+    # (not seen yet, or deleted).
+    first_seen: datetime | None = None
     last_tick: datetime | None = None
     next_tick: datetime | None = None  # the next tick to look at; None: none ever
+    # Not fired: paused, or (from code) a runtime schedule of the same name has the row.
+    idle: bool = False
 
     def learn(self, first_seen: datetime, last_tick: datetime | None) -> None:
         if self.first_seen != first_seen:  # a new row: start from it
@@ -77,6 +85,11 @@ class _Schedule:
 
 
 class Scheduler:
+    """Fires the schedules declared in code for this worker (``schedules``) and the
+    runtime schedules of its ``queues`` whose task it runs (``routes``: (name,
+    version) pairs), reading their rows every ``refresh`` seconds (POLL_INTERVAL,
+    capped at REFRESH)."""
+
     name = "scheduler"
 
     def __init__(
@@ -86,23 +99,39 @@ class Scheduler:
         schedules: list[ScheduleDefinition],
         stats: WorkerStats,
         session: Session | None = None,
+        *,
+        queues: list[str] | tuple[str, ...] = (),
+        routes: list[tuple[str, int]] | tuple[tuple[str, int], ...] = (),
+        refresh: float = REFRESH,
     ) -> None:
         self.worker_id = worker_id
         self.stats = stats
-        self.schedules = [_Schedule(s) for s in schedules]
+        self.code = {s.name: _Schedule(s) for s in schedules}
+        self.runtime: dict[str, _Schedule] = {}
+        self.queues = list(queues)
+        self.routes = set(routes)
+        self.refresh_every = min(REFRESH, refresh)
         self.clock = DatabaseClock()
+        self._stale = False  # read the rows again at the next step
+        self._refused: dict[str, str] = {}  # runtime schedule -> why it is not fired here
         self._stop = threading.Event()
         self._owns_session = session is None
         self.session = session or Session(alias, self.name, self._stop)
         self._thread = threading.Thread(target=self._run, name="pgqueue-scheduler", daemon=True)
 
+    @property
+    def schedules(self) -> list[_Schedule]:
+        return [*self.code.values(), *self.runtime.values()]
+
     def start(self) -> None:
         logger.info(
-            "scheduler: firing %s",
+            "scheduler: firing %s, and the runtime schedules of queues %s",
             ", ".join(
                 f"{s.definition.name} ({s.definition.spec}, queue {s.definition.queue})"
-                for s in self.schedules
-            ),
+                for s in self.code.values()
+            )
+            or "no schedule from code",
+            ", ".join(self.queues) or "(none)",
         )
         self._thread.start()
 
@@ -127,21 +156,31 @@ class Scheduler:
 
     def step(self) -> float:
         """Enqueue every due tick; returns the seconds until the next look."""
-        if self.clock.age() >= REFRESH or any(s.first_seen is None for s in self.schedules):
+        if (
+            self._stale
+            or self.clock.age() >= self.refresh_every
+            or any(s.first_seen is None for s in self.code.values())
+        ):
             self.refresh()
         for schedule in self.schedules:
             self._fire_due(schedule)
-        upcoming = [s.next_tick for s in self.schedules if s.next_tick is not None]
-        until_refresh = REFRESH - self.clock.age()
+        upcoming = [
+            s.next_tick
+            for s in self.schedules
+            if s.next_tick is not None and s.first_seen is not None and not s.idle
+        ]
+        until_refresh = 0.0 if self._stale else self.refresh_every - self.clock.age()
         if not upcoming:
             return max(0.0, min(MAX_SLEEP, until_refresh))
         until_tick = (min(upcoming) - self.clock.now()).total_seconds()
         return max(0.0, min(MAX_SLEEP, until_refresh, until_tick))
 
     def refresh(self) -> None:
-        """Read the clock and the schedules' rows; create the rows of new schedules."""
+        """Read the clock and the schedules' rows; create the rows of new schedules from
+        code; take in the runtime schedules added, changed or removed."""
+        self._stale = False
         rows = self._read_rows()
-        missing = [s.definition for s in self.schedules if s.definition.name not in rows]
+        missing = [s.definition for s in self.code.values() if s.definition.name not in rows]
         if missing:
             params = {
                 "names": [d.name for d in missing],
@@ -151,20 +190,76 @@ class Scheduler:
             }
             self.session.call(lambda conn: conn.execute(QUERIES["schedule_seen"], params))
             rows = self._read_rows()
-        for schedule in self.schedules:
-            row = rows.get(schedule.definition.name)
+        for name, schedule in self.code.items():
+            row = rows.get(name)
             if row is None:
                 schedule.first_seen = None  # deleted again meanwhile: at the next step
-            else:
-                schedule.learn(row["created_at"], row["last_tick"])
+                continue
+            if row["definition"] is not None:
+                self._refuse(
+                    name,
+                    "it is declared in the code and added at runtime: the runtime "
+                    "schedule fires; remove one of them",
+                )
+            schedule.idle = row["definition"] is not None or row["paused_at"] is not None
+            schedule.learn(_since(row), row["last_tick"])
+        self._take_runtime({n: r for n, r in rows.items() if r["definition"] is not None})
+
+    def _take_runtime(self, rows: dict[str, dict[str, Any]]) -> None:
+        for name in list(self.runtime):
+            if name not in rows:
+                logger.info("scheduler: %s was removed", name)
+                del self.runtime[name]
+        for name, row in rows.items():
+            data = row["definition"]
+            if isinstance(data, str):
+                data = json.loads(data)
+            known = self.runtime.get(name)
+            if known is None or known.definition.stored != data:
+                definition = self._runnable(name, data)
+                if definition is None:
+                    self.runtime.pop(name, None)
+                    continue
+                if known is None:
+                    logger.info(
+                        "scheduler: firing %s (%s, queue %s), added at runtime",
+                        name, definition.spec, definition.queue,
+                    )  # fmt: skip
+                    known = self.runtime[name] = _Schedule(definition)
+                else:
+                    logger.info("scheduler: %s was changed: %s", name, definition.spec)
+                    known.definition, known.next_tick = definition, None
+            known.idle = row["paused_at"] is not None
+            known.learn(_since(row), row["last_tick"])
+
+    def _runnable(self, name: str, data: dict[str, Any]) -> ScheduleDefinition | None:
+        """The runtime schedule as this worker fires it, or None (logged once) if it
+        cannot: its task (at its newest version here) is not one this worker runs."""
+        definition = runtime_definition(name, data)
+        if definition is None:
+            self._refuse(name, f"its task {data.get('task')!r} is not registered in this worker")
+            return None
+        if (definition.task.name, definition.task.version) not in self.routes:
+            self._refuse(name, f"this worker does not run its task {definition.task.name!r}")
+            return None
+        if definition.queue not in self.queues:
+            return None
+        self._refused.pop(name, None)
+        return definition
+
+    def _refuse(self, name: str, reason: str) -> None:
+        if self._refused.get(name) != reason:
+            self._refused[name] = reason
+            logger.warning("scheduler: not firing schedule %s: %s", name, reason)
 
     def _read_rows(self) -> dict[str, dict[str, Any]]:
-        """The rows of this worker's schedules that exist, by name."""
-        rows = self._fetch("schedule_state", {"names": [s.definition.name for s in self.schedules]})
-        return {row["name"]: row for row in rows if row["created_at"] is not None}
+        """The rows of this worker's schedules from code that exist, and the runtime
+        schedules of its queues, by name."""
+        rows = self._fetch("schedule_state", {"names": list(self.code), "queues": self.queues})
+        return {row["name"]: row for row in rows if row["name"] is not None}
 
     def _fire_due(self, schedule: _Schedule) -> None:
-        if schedule.first_seen is None or schedule.next_tick is None:
+        if schedule.first_seen is None or schedule.next_tick is None or schedule.idle:
             return
         now = self.clock.now()
         if schedule.next_tick > now:
@@ -191,6 +286,12 @@ class Scheduler:
             return True
         if not result["row_exists"]:
             schedule.first_seen = None  # the row was deleted: seen anew at the next step
+            self._stale = True
+            return False
+        if not result["row_current"]:
+            # Paused, or changed since this worker read it: read the rows again now,
+            # and fire the tick by the current version, if it is still due.
+            self._stale = True
             return False
         if result["now"] < tick:
             schedule.next_tick = tick  # early by the database's clock: try again then
@@ -228,4 +329,13 @@ def tick_params(definition: ScheduleDefinition, tick: datetime, worker_id: str) 
         "worker_id": worker_id,
         "spec": definition.spec,
         "timezone": definition.timezone,
+        # A runtime schedule's version, as read from its row: the tick is enqueued only
+        # if it is still the row's (None: a schedule from code).
+        "definition": None if definition.stored is None else json.dumps(definition.stored),
     }
+
+
+def _since(row: dict[str, Any]) -> datetime:
+    """When a schedule's ticks start: when its row was created, or last resumed."""
+    resumed = row["resumed_at"]
+    return row["created_at"] if resumed is None else max(row["created_at"], resumed)

@@ -261,7 +261,8 @@ class Worker:
             else None
         )
         # Periodic schedules (docs/periodic.md): those of this worker's queues whose task
-        # it runs; every such worker fires them, the database enqueues each tick once.
+        # it runs, from code and added at runtime (read every POLL_INTERVAL); every such
+        # worker fires them, the database enqueues each tick once.
         schedules = [
             s
             for s in schedule_registry.all()
@@ -269,9 +270,16 @@ class Worker:
         ]
         self.scheduler = (
             Scheduler(
-                self.alias, self.worker_id, schedules, self.stats, self._maintenance_session
+                self.alias,
+                self.worker_id,
+                schedules,
+                self.stats,
+                self._maintenance_session,
+                queues=list(options.queues),
+                routes=self.routes,
+                refresh=options.poll_interval,
             )
-            if options.scheduler and schedules
+            if options.scheduler
             else None
         )
 

@@ -160,7 +160,9 @@ def _schedule_lines(schedules: list[dict[str, Any]]) -> list[str]:
             s["task"],
             s["schedule"] + ("" if s["timezone"] == "UTC" else f" ({s['timezone']})"),
             _moment(s["last_tick"]),
-            _moment(s["next_tick"]) if s["declared"] else "removed from the code",
+            "paused" if s["paused"]
+            else "removed from the code" if s["origin"] == "removed"
+            else _moment(s["next_tick"]),
         ]
         for s in schedules
     ]
