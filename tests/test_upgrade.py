@@ -330,6 +330,7 @@ def test_every_migration_from_an_empty_database_applies_while_tasks_are_enqueued
     upgrade.wait_runs(old_worker, 5)
     for name in after_release:
         upgrade.migrate(name)
+        assert old_web.errors() == [], f"enqueues of {old.name} failed during {name}"
         enqueued, ran = len(old_web.committed()), upgrade.runs_by(old_worker)
         wait_until(lambda n=enqueued: len(old_web.committed()) > n + 5, timeout=60,
                    message=f"{old.name}'s web process to enqueue after {name}")
