@@ -25,6 +25,7 @@ release's stop, as in a rolling deploy (docs/decisions.md).
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import subprocess
@@ -311,6 +312,7 @@ def test_every_migration_from_an_empty_database_applies_while_tasks_are_enqueued
     # Given an empty database, and the first migration applied (nothing can enqueue
     # before the table exists)
     upgrade.migrate(first)
+    marks = [("first migration", time.monotonic())]
 
     # When every migration up to the previous release's schema is applied, one at a
     # time, while tasks are inserted
@@ -324,6 +326,7 @@ def test_every_migration_from_an_empty_database_applies_while_tasks_are_enqueued
 
     # ... and every later migration while the release's web process and worker run,
     # enqueueing and running after each migration too
+    marks.append(("migrations under INSERTs", time.monotonic()))
     old = Deploy.release(previous_release)
     old_web = upgrade.start_web(old)
     old_worker = upgrade.start_worker(old)
@@ -337,6 +340,7 @@ def test_every_migration_from_an_empty_database_applies_while_tasks_are_enqueued
         upgrade.wait_runs(old_worker, ran + 5, message=f"{old.name}'s worker to run after {name}")
 
     # ... and then today's web process and worker start, and the release's stop
+    marks.append((f"migrations under {old.name}", time.monotonic()))
     new = Deploy.today()
     new_web = upgrade.start_web(new)
     new_worker = upgrade.start_worker(new)
@@ -350,8 +354,10 @@ def test_every_migration_from_an_empty_database_applies_while_tasks_are_enqueued
                message="today's web process to go on enqueueing alone")
     new_web.stop()
     committed = raw.committed + old_web.committed() + new_web.committed()
+    marks.append(("the rolling deploy", time.monotonic()))
     upgrade.drain(committed)
     upgrade.stop_worker(new_worker)
+    marks.append(("the drain", time.monotonic()))
 
     # Then no enqueue waited longer than its lock_timeout (none failed), and every
     # committed task ran exactly once
@@ -367,7 +373,9 @@ def test_every_migration_from_an_empty_database_applies_while_tasks_are_enqueued
         f"\nupgrade from {old.name} through {len(names)} migrations ({len(after_release)} "
         f"under {old.name}'s processes; retried on lock timeout: {upgrade.retried}): "
         f"{len(committed)} tasks, longest enqueue transaction: raw {raw.longest:.3f}s, "
-        f"{old.name} {old_web.longest():.3f}s, today {new_web.longest():.3f}s"
+        f"{old.name} {old_web.longest():.3f}s, today {new_web.longest():.3f}s; seconds: "
+        + ", ".join(f"{label} {t - before:.1f}"
+                    for (_, before), (label, t) in itertools.pairwise(marks))
     )
 
 
