@@ -19,7 +19,7 @@ Everything else is private by name or lives in a submodule documented in docs/.
 """
 
 # The release, read by the packaging too (pyproject.toml); docs/versioning.md.
-__version__ = "0.1.0"
+__version__ = "0.2.0.dev0"
 
 from django_pgqueue.context import TaskContext
 from django_pgqueue.exceptions import (

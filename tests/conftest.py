@@ -114,8 +114,8 @@ def wait_until(
 
 
 class WorkerProcess:
-    """``<script> runtaskworker`` in a subprocess (the repository's manage.py unless
-    told), with its log in a file."""
+    """``<script> runtaskworker`` in a subprocess (the repository's manage.py and this
+    interpreter unless told), with its log in a file."""
 
     def __init__(
         self,
@@ -124,13 +124,15 @@ class WorkerProcess:
         log_path: Path,
         new_session: bool = False,
         script: Path = REPO / "manage.py",
+        python: str | Path = sys.executable,
+        cwd: Path = REPO,
     ) -> None:
         self.args = args
         self.log_path = log_path
         self._log = open(log_path, "wb")  # noqa: SIM115 - closed in stop()
         self.proc = subprocess.Popen(
-            [sys.executable, str(script), "runtaskworker", *args],
-            cwd=REPO,
+            [str(python), str(script), "runtaskworker", *args],
+            cwd=cwd,
             env=env,
             stdout=self._log,
             stderr=subprocess.STDOUT,
