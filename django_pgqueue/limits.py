@@ -12,7 +12,8 @@
   declares no ``key_rate`` of its own.
 
 Per-key concurrency and rate are declared on the task (``@task(concurrency_key=...,
-key_concurrency=..., key_rate=...)``); see registry.py. The claim enforces all of them (sql: claim, docs/limits.md).
+key_concurrency=..., key_rate=...)``); see registry.py. The claim enforces all of
+them (sql: claim, docs/limits.md).
 
 The rate limit is a generic cell rate algorithm (GCRA) kept in ``pgqueue_queue.rate_tat``:
 one start costs ``interval`` seconds of the queue's budget, and at most ``burst`` starts
