@@ -7,6 +7,7 @@ test runs real worker processes and judges them by what the handlers recorded.
 
 from __future__ import annotations
 
+import itertools
 import time
 import uuid
 from pathlib import Path
@@ -37,8 +38,9 @@ PLAIN = (ledger_run.name, ledger_run.version)
 def params(limit: int) -> dict:
     """A claim's parameters for a worker running the key-rated and the plain task."""
     return {
-        **route_params(["default"], [RATED, PLAIN], 3600,
-                       key_rates={RATED: ledger_key_rated.key_rate}),  # fmt: skip
+        **route_params(
+            ["default"], [RATED, PLAIN], 3600, key_rates={RATED: ledger_key_rated.key_rate}
+        ),
         "limit": limit,
         "token": str(uuid.uuid4()),
         "lease_seconds": 30,
@@ -80,7 +82,7 @@ def test_a_key_starts_once_per_interval_across_claimers_and_other_keys_are_not_h
     assert snoozed == 5
     rows = list(Task.objects.filter(id__in=busy, state="scheduled").order_by("run_at"))
     assert len(rows) == 5
-    gaps = [(b.run_at - a.run_at).total_seconds() for a, b in zip(rows, rows[1:], strict=False)]
+    gaps = [(b.run_at - a.run_at).total_seconds() for a, b in itertools.pairwise(rows)]
     assert gaps == pytest.approx([0.5] * 4, abs=0.01)
     (tat,) = pg.execute("SELECT tat FROM pgqueue_key_rate WHERE key = 'busy'").fetchone()
     assert rows[0].run_at == tat
@@ -138,7 +140,7 @@ def test_queue_limits_give_a_key_rate_to_keyed_tasks_without_their_own():
 
 
 def test_a_bad_key_rate_or_key_is_refused_naming_the_task():
-    with pytest.raises(ImproperlyConfigured, match="key_rate: rate '100 per minute'.*N/period"):
+    with pytest.raises(ImproperlyConfigured, match=r"key_rate: rate '100 per minute'.*N/period"):
         task(name="tests.bad_key_rate", key_rate="100 per minute")(lambda: None)
 
     def key_of_shop(shop_id, **_):
@@ -150,7 +152,7 @@ def test_a_bad_key_rate_or_key_is_refused_naming_the_task():
     try:
         # key_rate alone: no limit on how many of one key run at once
         assert shops.key_concurrency is None and shops.key_rate.label == "100/m"
-        with pytest.raises(InvalidTaskError, match="tests.key_rated_shops.*raised KeyError"):
+        with pytest.raises(InvalidTaskError, match=r"tests\.key_rated_shops.*raised KeyError"):
             shops.enqueue(42)
         with pytest.raises(InvalidTaskError, match="at most 255 characters"):
             shops.using(concurrency_key="x" * 256).enqueue("shop")
