@@ -383,11 +383,13 @@ keyed AS MATERIALIZED (
       FROM candidates AS c
 ),
 key_rates AS MATERIALIZED (
-    SELECT c.queue, c.key, GREATEST(kr.tat, now()) AS tat
+    SELECT c.queue, c.key,
+           GREATEST((SELECT kr.tat
+                       FROM pgqueue_key_rate AS kr
+                      WHERE kr.queue = c.queue AND kr.key = c.key), now()) AS tat
       FROM (SELECT DISTINCT queue, concurrency_key AS key
               FROM candidates
              WHERE key_rate_interval IS NOT NULL AND concurrency_key IS NOT NULL) AS c
-      LEFT JOIN pgqueue_key_rate AS kr ON kr.queue = c.queue AND kr.key = c.key
 ),
 allowed AS MATERIALIZED (
     SELECT k.id, k.priority, k.run_at, k.queue, k.bytes, k.concurrency_key,
@@ -710,40 +712,48 @@ heads AS MATERIALIZED (
      WHERE h.concurrency_key IS NOT NULL
 ),
 throttled AS MATERIALIZED (
-    SELECT h.id, h.queue, h.key, h.rate_interval, h.run_at,
-           GREATEST(k.tat - make_interval(secs => (h.rate_burst - 1) * h.rate_interval),
-                    k.snoozed_until) AS base,
-           row_number() OVER (PARTITION BY h.queue, h.key
-                              ORDER BY h.priority DESC, h.run_at, h.id) - 1 AS nth
+    SELECT h.id, h.queue, h.key,
+           k.base + make_interval(secs => h.rate_interval
+                                          * (row_number() OVER (PARTITION BY h.queue, h.key
+                                                                ORDER BY h.priority DESC,
+                                                                         h.run_at, h.id)
+                                             - 1)) AS due,
+           k.base + make_interval(secs => h.rate_interval
+                                          * count(*) OVER (PARTITION BY h.queue, h.key))
+               AS until
       FROM heads AS h
-      JOIN pgqueue_key_rate AS k ON k.queue = h.queue AND k.key = h.key
-     WHERE k.tat - make_interval(secs => (h.rate_burst - 1) * h.rate_interval) > now()
+     CROSS JOIN LATERAL (
+               SELECT GREATEST(k.tat - make_interval(secs => (h.rate_burst - 1)
+                                                             * h.rate_interval),
+                               k.snoozed_until) AS base
+                 FROM pgqueue_key_rate AS k
+                WHERE k.queue = h.queue AND k.key = h.key
+                  AND k.tat - make_interval(secs => (h.rate_burst - 1) * h.rate_interval)
+                      > now()
+               OFFSET 0
+           ) AS k
 ),
 locked AS MATERIALIZED (
-    SELECT t.id
-      FROM pgqueue_task AS t
-     WHERE t.id = ANY (ARRAY(SELECT id FROM throttled))
-       AND t.state = 'pending'
-       FOR NO KEY UPDATE SKIP LOCKED
+    SELECT t.id, th.due
+      FROM throttled AS th
+      JOIN pgqueue_task AS t ON t.id = th.id
+     WHERE t.state = 'pending'
+       FOR NO KEY UPDATE OF t SKIP LOCKED
 ),
 snoozed AS (
     UPDATE pgqueue_task AS t
        SET state = 'scheduled',
-           run_at = GREATEST(t.run_at,
-                             th.base + make_interval(secs => th.rate_interval * th.nth))
-      FROM throttled AS th
-     WHERE t.id = th.id
-       AND t.id = ANY (ARRAY(SELECT id FROM locked))
+           run_at = GREATEST(t.run_at, (SELECT l.due FROM locked AS l WHERE l.id = t.id))
+     WHERE t.id = ANY (ARRAY(SELECT id FROM locked))
     RETURNING t.id
 ),
 spaced AS (
     UPDATE pgqueue_key_rate AS k
-       SET snoozed_until = s.until
-      FROM (SELECT queue, key,
-                   max(base + make_interval(secs => rate_interval * (nth + 1))) AS until
-              FROM throttled
-             GROUP BY 1, 2) AS s
-     WHERE k.queue = s.queue AND k.key = s.key
+       SET snoozed_until = (SELECT max(th.until)
+                              FROM throttled AS th
+                             WHERE th.queue = k.queue AND th.key = k.key)
+     WHERE k.queue = ANY (ARRAY(SELECT DISTINCT queue FROM throttled))
+       AND k.key = ANY (ARRAY(SELECT DISTINCT key FROM throttled))
 )
 SELECT count(*) FROM snoozed;
 
