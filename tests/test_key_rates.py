@@ -147,7 +147,7 @@ def test_a_bad_key_rate_or_key_is_refused_naming_the_task():
         task(name="tests.bad_key_rate", key_rate="100 per minute")(lambda: None)
 
     def key_of_shop(shop_id, **_):
-        return {"shop": shop_id}[shop_id]
+        return {"shop": shop_id, "number": 7}[shop_id]
 
     shops = task(name="tests.key_rated_shops", concurrency_key=key_of_shop, key_rate="100/m")(
         lambda shop_id: None
@@ -159,6 +159,8 @@ def test_a_bad_key_rate_or_key_is_refused_naming_the_task():
             shops.enqueue(42)
         with pytest.raises(InvalidTaskError, match="at most 255 characters"):
             shops.using(concurrency_key="x" * 256).enqueue("shop")
+        with pytest.raises(InvalidTaskError, match=r"key of task 'tests\.key_rated_shops'.*int"):
+            shops.enqueue("number")
         assert Task.objects.count() == 0
         # a fixed key per call is accepted on a task with a key_rate only
         shops.using(concurrency_key="shop:1").enqueue("shop")
