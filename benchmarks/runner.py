@@ -613,12 +613,13 @@ def enqueue_keyed(kind: str, total: int, keys: int = 10_000) -> None:
 
 def key_claim_latency(keys: int = 10_000, samples: int = 500) -> dict[str, Any]:
     """The claim alone (limit 10, on a worker connection) with a backlog over ``keys``
-    keys and their rate state in pgqueue_key_rate: the plain claim of unkeyed rows, and
-    the limited claim of keyed rows with a rate that never binds (a transaction of the
-    queue's lock and the claim), p50 and p99. Then a busy key: ``keys`` rows of one key
+    keys and their rate state in pgqueue_key_rate: the plain claim of unkeyed rows; the
+    limited claim of the same rows (a queue concurrency limit that never binds: a
+    transaction of the queue's lock and the claim); and the limited claim of keyed rows
+    with a per-key rate that never binds; p50 and p99. Then a busy key: ``keys`` rows of one key
     out of budget ahead of other keys' rows, and the claims it takes to reach them
     (each claim, and the setting aside that follows it, in its transaction)."""
-    from django_pgqueue.limits import parse_rate
+    from django_pgqueue.limits import QueueLimit, parse_rate
     from django_pgqueue.sql import QUERIES
     from django_pgqueue.worker.claimer import SNOOZE_BATCH, route_params
     from django_pgqueue.worker.connection import connect
@@ -627,7 +628,7 @@ def key_claim_latency(keys: int = 10_000, samples: int = 500) -> dict[str, Any]:
     noop = ("benchmarks.tasks.noop", 1)
     rate = parse_rate("100/s")
     reset_queue()
-    enqueue_backlog(samples * 10 + 1000)
+    enqueue_backlog(samples * 20 + 1000)
     enqueue_keyed("rate", samples * 10 + 1000, keys)
     with raw_connection() as conn:
         # every key has run before (its state is in the table), its budget whole again
@@ -639,9 +640,9 @@ def key_claim_latency(keys: int = 10_000, samples: int = 500) -> dict[str, Any]:
         conn.execute("VACUUM ANALYZE pgqueue_task")
         conn.execute("VACUUM ANALYZE pgqueue_key_rate")
 
-    def params(routes: list[tuple[str, int]]) -> dict[str, Any]:
+    def params(routes: list[tuple[str, int]], limits: Any = None) -> dict[str, Any]:
         return {
-            **route_params(["default"], routes, 60.0, key_rates={rated: rate}),
+            **route_params(["default"], routes, 60.0, limits, key_rates={rated: rate}),
             "limit": 10,
             "lease_seconds": 30.0,
             "worker_id": "benchmark",
@@ -660,12 +661,13 @@ def key_claim_latency(keys: int = 10_000, samples: int = 500) -> dict[str, Any]:
         return claimed, snoozed
 
     plain, keyed = params([noop]), params([rated])
-    times: dict[str, list[float]] = {"plain": [], "keyed": []}
+    limited = params([noop], {"default": QueueLimit("default", concurrency=100_000)})
+    times: dict[str, list[float]] = {"plain": [], "limited": [], "keyed": []}
     conn = connect("default")
     try:
         for i in range(samples + 20):
-            for kind in ("plain", "keyed"):
-                p = plain if kind == "plain" else keyed
+            for kind in ("plain", "limited", "keyed"):
+                p = {"plain": plain, "limited": limited, "keyed": keyed}[kind]
                 p["token"] = str(uuid.uuid4())
                 started = time.perf_counter()
                 if kind == "plain":
@@ -711,6 +713,8 @@ def key_claim_latency(keys: int = 10_000, samples: int = 500) -> dict[str, Any]:
     return {
         "plain_p50_ms": percentile(times["plain"], 50),
         "plain_p99_ms": percentile(times["plain"], 99),
+        "limited_p50_ms": percentile(times["limited"], 50),
+        "limited_p99_ms": percentile(times["limited"], 99),
         "keyed_p50_ms": percentile(times["keyed"], 50),
         "keyed_p99_ms": percentile(times["keyed"], 99),
         "keys": keys,
@@ -1227,17 +1231,29 @@ def main(argv: list[str] | None = None) -> int:
         ),
         "claim_plain_p50": Row("claim_plain_p50", "W2a-keys claim alone p50, no key", "ms"),
         "claim_plain_p99": Row("claim_plain_p99", "W2a-keys claim alone p99, no key", "ms"),
+        "claim_limited_p50": Row(
+            "claim_limited_p50",
+            "W2a-keys claim alone p50, no key, queue limit (lock + claim)",
+            "ms",
+            ratio_to="claim_plain_p50",
+        ),
+        "claim_limited_p99": Row(
+            "claim_limited_p99",
+            "W2a-keys claim alone p99, no key, queue limit (lock + claim)",
+            "ms",
+            ratio_to="claim_plain_p99",
+        ),
         "claim_keys_p50": Row(
             "claim_keys_p50",
             "W2a-keys claim alone p50, 10,000 keys with a rate (lock + claim)",
             "ms",
-            ratio_to="claim_plain_p50",
+            ratio_to="claim_limited_p50",
         ),
         "claim_keys_p99": Row(
             "claim_keys_p99",
             "W2a-keys claim alone p99, 10,000 keys with a rate (lock + claim)",
             "ms",
-            ratio_to="claim_plain_p99",
+            ratio_to="claim_limited_p99",
         ),
         "claim_busy_key_rounds": Row(
             "claim_busy_key_rounds",
@@ -1510,6 +1526,8 @@ def main(argv: list[str] | None = None) -> int:
             d = key_claim_latency()
             record("claim_plain_p50", d["plain_p50_ms"], d)
             record("claim_plain_p99", d["plain_p99_ms"], {})
+            record("claim_limited_p50", d["limited_p50_ms"], {})
+            record("claim_limited_p99", d["limited_p99_ms"], {})
             record("claim_keys_p50", d["keyed_p50_ms"], {})
             record("claim_keys_p99", d["keyed_p99_ms"], {})
             record("claim_busy_key_rounds", d["busy_rounds"], {})

@@ -49,15 +49,16 @@ def params(limit: int) -> dict:
 
 
 def claim(conn: psycopg.Connection, limit: int = 10) -> tuple[list[ClaimedTask], int]:
-    """A limited claim as the claimer runs it: lock, claim, and after a short claim set
-    aside; the claimed rows and how many were set aside."""
+    """A limited claim as the claimer runs it: lock, claim, and set aside when keys held
+    rows back; the claimed rows and how many were set aside."""
     p = params(limit)
     with conn.transaction():
         conn.execute(QUERIES["lock_limited_queues"], {"queues": ["default"]})
         with conn.cursor(row_factory=class_row(ClaimedTask)) as cursor:
             tasks = cursor.execute(QUERIES["claim"], p).fetchall()
         snoozed = 0
-        if len(tasks) < limit:  # as the claimer: only after a short claim
+        # as the claimer: after a short claim, or one whose keys held rows back
+        if len(tasks) < limit or (tasks and tasks[0].key_held):
             (snoozed,) = conn.execute(
                 QUERIES["snooze_throttled_keys"], {**p, "limit": SNOOZE_BATCH}
             ).fetchone()
@@ -119,6 +120,24 @@ def test_a_short_claim_sets_aside_at_most_a_batch_and_a_full_one_none(pg):
     tasks, snoozed = claim(pg, limit=3)
     assert (len(tasks), snoozed) == (3, 0)
     assert Task.objects.get(id=late).state == "pending"
+
+
+def test_a_busy_key_at_the_head_of_its_task_does_not_wait_for_another_task_to_drain(pg):
+    # Given a key out of budget whose rows lead its task's walk, another key's row
+    # behind them, and a backlog of an unkeyed task behind that row (same priority)
+    ledger_key_rated.enqueue(0, "busy")
+    claim(pg)
+    ledger_key_rated.using(priority=5).enqueue_many([(n, "busy") for n in range(5)])
+    other = ledger_key_rated.enqueue(0, "other")
+    ledger_run.enqueue_many([(n, 0.01) for n in range(20)])
+    # When a worker claims 3 at a time, its first claim is full of the unkeyed task
+    first, snoozed = claim(pg, limit=3)
+    assert key_of(first) == ["-", "-", "-"]
+    # but its walk met the busy key, whose rows are set aside
+    assert first[0].key_held == 3 and snoozed == 5
+    # so the next claim takes the other key's row, before the unkeyed backlog drains
+    second, _ = claim(pg, limit=3)
+    assert other in [t.id for t in second]
 
 
 def test_the_sweeper_deletes_the_state_of_keys_whose_budget_is_whole(pg):

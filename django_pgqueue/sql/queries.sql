@@ -225,8 +225,10 @@ SELECT nextval('pgqueue_task_id_seq');
 --   like a limited one) makes reading and spending a key's budget race-free. Every claim
 --   is a start: a retry or a recovered task spends its key's budget again. Rows of a key
 --   out of budget that the walk met stay pending (locked by this statement only); a
---   short claim is followed by snooze_throttled_keys in the same transaction, which sets
---   them aside, so that the walk does not meet them at every claim.
+--   claim that came back short, or whose walk found rows its keys held back (key_held,
+--   returned on every row), is followed by snooze_throttled_keys in the same
+--   transaction, which sets them aside, so that the walk does not meet them at every
+--   claim (with several routes, a full claim may still hide a key at a route's head).
 -- * Expiry (expires_at, docs/tasks.md): a picked row that never started and whose
 --   expires_at has passed is not started. The final UPDATE ends it cancelled instead,
 --   with an Expired error, and returns it flagged (expired) for the worker to count and
@@ -486,7 +488,8 @@ RETURNING t.id, t.task_name, t.handler_version, t.queue, t.priority, t.args, t.k
           t.metadata::text AS metadata_json,
           NULLIF(t.signals, '{}')::text AS signals_json, t.wake::text AS wake_json,
           t.state = 'cancelled' AS expired,
-          (SELECT count(*) FROM picked WHERE NOT fits) AS left_out;
+          (SELECT count(*) FROM picked WHERE NOT fits) AS left_out,
+          (SELECT count(*) FROM keyed) - (SELECT count(*) FROM allowed) AS key_held;
 
 
 -- name: find_claimed

@@ -454,9 +454,12 @@ class Claimer:
         try:
             conn.execute(QUERIES["lock_limited_queues"], {"queues": lane.lock_queues})
             tasks = _fetch(conn, "claim", params)
-            if lane.key_rated and len(tasks) < want and not (tasks and tasks[0].left_out):
-                # A short claim of routes with per-key rates: set aside the head rows of
-                # keys out of budget (their walk would meet them again at every claim).
+            if lane.key_rated and (
+                (len(tasks) < want and not (tasks and tasks[0].left_out))
+                or (tasks and tasks[0].key_held)
+            ):
+                # Keys held rows back from a claim of routes with per-key rates: set aside
+                # the head rows of keys out of budget (every walk would meet them again).
                 snooze = {**params, "limit": SNOOZE_BATCH}
                 (lane.snoozed,) = conn.execute(
                     QUERIES["snooze_throttled_keys"], snooze
