@@ -641,8 +641,8 @@ def task(
     ``concurrency_key`` (a function of the task's arguments returning a string or None)
     and ``key_concurrency`` (default 1, unless ``key_rate`` is given) limit how many
     tasks of one key run at once across the fleet; ``key_rate`` (``"100/m"``) how many
-    of one key start per period (docs/limits.md). ``discard_on`` (exception classes) fails the task
-    at once when its handler raises one of them; with ``retry_on``, only those retry
+    of one key start per period (docs/limits.md). ``discard_on`` (exception classes)
+    fails the task at once when its handler raises one of them; with ``retry_on``, only those retry
     and any other exception fails at once (docs/tasks.md, "Retrying by exception").
     ``expires`` (seconds) is the default expiry: a task not started that long after
     its enqueue never starts (docs/tasks.md, "Expiry").
