@@ -140,6 +140,24 @@ def test_a_busy_key_at_the_head_of_its_task_does_not_wait_for_another_task_to_dr
     assert other in [t.id for t in second]
 
 
+def test_a_retry_is_a_start_of_its_key(pg):
+    # Given a task of a key that started once and is due again (a retry, as settle
+    # leaves it with no backoff, or a lease recovered)
+    (task_id,) = ledger_key_rated.enqueue_many([(0, "shop:1")])
+    (first,), _ = claim(pg)
+    pg.execute(
+        "UPDATE pgqueue_task SET state = 'pending', lease_token = NULL, "
+        "lease_expires_at = NULL WHERE id = %s",
+        [task_id],
+    )
+    # When a worker claims at once, the retry waits for its key's next start
+    retried, snoozed = claim(pg)
+    assert retried == [] and snoozed == 1
+    row = Task.objects.get(id=task_id)
+    assert (row.state, row.attempt) == ("scheduled", 1)
+    assert (row.run_at - first.claimed_at).total_seconds() == pytest.approx(0.5)
+
+
 def test_the_sweeper_deletes_the_state_of_keys_whose_budget_is_whole(pg):
     ledger_key_rated.enqueue_many([(0, "a"), (1, "b")])
     claim(pg)
