@@ -92,7 +92,10 @@ def server_info() -> dict[str, Any]:
 
 def reset_queue() -> None:
     with raw_connection() as conn:
-        conn.execute("TRUNCATE pgqueue_task, pgqueue_dependency, pgqueue_worker, pgqueue_queue")
+        conn.execute(
+            "TRUNCATE pgqueue_task, pgqueue_dependency, pgqueue_worker, pgqueue_queue, "
+            "pgqueue_key_rate"
+        )
 
 
 # W8: what else the table holds while a clean backlog drains (one shape at a time).
@@ -590,6 +593,147 @@ def w8_claim_latency(terminal_rows: int, samples: int = 500) -> dict[str, Any]:
     }
 
 
+# W2a-keys: 10,000 distinct keys, each row one of them (n %% keys: two rows per key in a
+# 20,000 backlog, far apart), written by one INSERT like enqueue_many's.
+KEYED_TASKS = {
+    "rate": "benchmarks.key_tasks.keyed_rate",
+    "concurrency": "benchmarks.key_tasks.keyed_concurrency",
+}
+
+
+def enqueue_keyed(kind: str, total: int, keys: int = 10_000) -> None:
+    with raw_connection() as conn:
+        conn.execute(
+            "INSERT INTO pgqueue_task (queue, task_name, args, concurrency_key) "
+            "SELECT 'default', %(name)s, jsonb_build_array(n), 'key:' || (n %% %(keys)s) "
+            "FROM generate_series(0, %(total)s - 1) AS n",
+            {"name": KEYED_TASKS[kind], "keys": keys, "total": total},
+        )
+
+
+def key_claim_latency(keys: int = 10_000, samples: int = 500) -> dict[str, Any]:
+    """The claim alone (limit 10, on a worker connection) with a backlog over ``keys``
+    keys and their rate state in pgqueue_key_rate: the plain claim of unkeyed rows; the
+    limited claim of the same rows (a queue concurrency limit that never binds: a
+    transaction of the queue's lock and the claim); and the limited claim of keyed rows
+    with a per-key rate that never binds; p50 and p99. Then a busy key: ``keys`` rows of one key
+    out of budget ahead of other keys' rows, and the claims it takes to reach them
+    (each claim, and the setting aside that follows it, in its transaction)."""
+    from django_pgqueue.limits import QueueLimit, parse_rate
+    from django_pgqueue.sql import QUERIES
+    from django_pgqueue.worker.claimer import SNOOZE_BATCH, route_params
+    from django_pgqueue.worker.connection import connect
+
+    rated = (KEYED_TASKS["rate"], 1)
+    noop = ("benchmarks.tasks.noop", 1)
+    rate = parse_rate("100/s")
+    reset_queue()
+    enqueue_backlog(samples * 20 + 1000)
+    enqueue_keyed("rate", samples * 10 + 1000, keys)
+    with raw_connection() as conn:
+        # every key has run before (its state is in the table), its budget whole again
+        conn.execute(
+            "INSERT INTO pgqueue_key_rate (queue, key, tat) SELECT 'default', 'key:' || n, "
+            "now() - interval '1 second' FROM generate_series(0, %s - 1) AS n",
+            [keys],
+        )
+        conn.execute("VACUUM ANALYZE pgqueue_task")
+        conn.execute("VACUUM ANALYZE pgqueue_key_rate")
+
+    def params(routes: list[tuple[str, int]], limits: Any = None) -> dict[str, Any]:
+        return {
+            **route_params(["default"], routes, 60.0, limits, key_rates={rated: rate}),
+            "limit": 10,
+            "lease_seconds": 30.0,
+            "worker_id": "benchmark",
+        }
+
+    def limited_claim(conn: Any, p: dict[str, Any], snooze: bool = False) -> tuple[int, int]:
+        conn.execute("BEGIN")
+        conn.execute(QUERIES["lock_limited_queues"], {"queues": ["default"]})
+        claimed = len(conn.execute(QUERIES["claim"], p).fetchall())
+        snoozed = 0
+        if snooze and claimed < p["limit"]:
+            (snoozed,) = conn.execute(
+                QUERIES["snooze_throttled_keys"], {**p, "limit": SNOOZE_BATCH}
+            ).fetchone()
+        conn.execute("COMMIT")
+        return claimed, snoozed
+
+    plain, keyed = params([noop]), params([rated])
+    limited = params([noop], {"default": QueueLimit("default", concurrency=100_000)})
+    times: dict[str, list[float]] = {"plain": [], "limited": [], "keyed": []}
+    conn = connect("default")
+    try:
+        for i in range(samples + 20):
+            for kind in ("plain", "limited", "keyed"):
+                p = {"plain": plain, "limited": limited, "keyed": keyed}[kind]
+                p["token"] = str(uuid.uuid4())
+                started = time.perf_counter()
+                if kind == "plain":
+                    claimed = len(conn.execute(QUERIES["claim"], p).fetchall())
+                else:
+                    claimed, _ = limited_claim(conn, p)
+                elapsed = (time.perf_counter() - started) * 1000
+                if i >= 20:  # the first executions prepare the statement
+                    times[kind].append(elapsed)
+                assert claimed == 10, (kind, claimed)
+                # Settled (untimed), so that each claim counts as many running rows.
+                conn.execute(
+                    "UPDATE pgqueue_task SET state = 'succeeded', finished_at = now(), "
+                    "lease_token = NULL, lease_expires_at = NULL WHERE lease_token = %s",
+                    [p["token"]],
+                )
+        (state_rows,) = conn.execute("SELECT count(*) FROM pgqueue_key_rate").fetchone()
+        # A busy key: its budget spent, `keys` of its rows ahead of 100 of other keys.
+        conn.execute("TRUNCATE pgqueue_task")
+        conn.execute(
+            "INSERT INTO pgqueue_task (queue, task_name, args, concurrency_key, priority) "
+            "SELECT 'default', %(name)s, '[0]', 'busy', 1 FROM generate_series(1, %(n)s)",
+            {"name": KEYED_TASKS["rate"], "n": keys},
+        )
+        enqueue_keyed("rate", 100, 100)
+        conn.execute(
+            "INSERT INTO pgqueue_key_rate (queue, key, tat) VALUES ('default', 'busy', "
+            "now() + interval '1 hour') ON CONFLICT (queue, key) DO UPDATE SET tat = "
+            "EXCLUDED.tat"
+        )
+        conn.execute("VACUUM ANALYZE pgqueue_task")
+        rounds, claimed_total, busy_times = 0, 0, []
+        started_all = time.perf_counter()
+        while claimed_total == 0:
+            keyed["token"] = str(uuid.uuid4())
+            started = time.perf_counter()
+            claimed, snoozed = limited_claim(conn, keyed, snooze=True)
+            busy_times.append((time.perf_counter() - started) * 1000)
+            rounds += 1
+            claimed_total += claimed
+            assert claimed or snoozed, "a claim neither took nor set aside anything"
+        busy_ms = (time.perf_counter() - started_all) * 1000
+        keyed["token"] = str(uuid.uuid4())
+        started = time.perf_counter()
+        claimed, snoozed = limited_claim(conn, keyed, snooze=True)
+        after_ms = (time.perf_counter() - started) * 1000
+    finally:
+        conn.close()
+    return {
+        "plain_p50_ms": percentile(times["plain"], 50),
+        "plain_p99_ms": percentile(times["plain"], 99),
+        "limited_p50_ms": percentile(times["limited"], 50),
+        "limited_p99_ms": percentile(times["limited"], 99),
+        "keyed_p50_ms": percentile(times["keyed"], 50),
+        "keyed_p99_ms": percentile(times["keyed"], 99),
+        "keys": keys,
+        "key_state_rows": state_rows,
+        "busy_key_rows": keys,
+        "busy_rounds": rounds,
+        "busy_ms": busy_ms,
+        "busy_round_p50_ms": percentile(busy_times, 50),
+        "busy_round_max_ms": max(busy_times),
+        "claim_after_busy_ms": after_ms,
+    }
+
+
 def w9_fan_in(members: int) -> dict[str, Any]:
     """A chord drained by one worker process: ``members`` no-op tasks enqueued with
     ``group()`` (one enqueue_many), and a callback enqueued ``after=`` all of them, in one
@@ -923,6 +1067,8 @@ def main(argv: list[str] | None = None) -> int:
         help="comma-separated workloads: W1,W2,W3,W4,W5,W6,W7,W8,W9,W10; also W2a (W2's "
         "1-process drain alone), W2a-process (the same drain with --execution process) and "
         "W2a-async (with ASYNC_CLAIMS), W2a-limits (with limits that do not bind), "
+        "W2a-keys (10,000 keys with a per-key rate or concurrency that does not bind, and "
+        "the claim alone), "
         "W2a-middleware (one no-op task middleware), W2a-otel (OpenTelemetry's SDK against "
         "no opentelemetry); W9 is "
         "waiting work: a chord's fan-in against a plain drain, and a chain",
@@ -1074,6 +1220,57 @@ def main(argv: list[str] | None = None) -> int:
             ratio_to="w2a",
             target=">= 0.8x W2a",
             check=lambda v, r: r >= 0.8,
+        ),
+        "w2a_keys_concurrency": Row(
+            "w2a_keys_concurrency",
+            f"W2a drain {n:,}, 1 process, 10,000 keys, a per-key concurrency (not binding)",
+            "tasks/s",
+            ratio_to="w2a",
+        ),
+        "w2a_keys_rate": Row(
+            "w2a_keys_rate",
+            f"W2a drain {n:,}, 1 process, 10,000 keys, a per-key rate (not binding)",
+            "tasks/s",
+            ratio_to="w2a",
+            target=">= 0.8x W2a",
+            check=lambda v, r: r >= 0.8,
+        ),
+        "claim_plain_p50": Row("claim_plain_p50", "W2a-keys claim alone p50, no key", "ms"),
+        "claim_plain_p99": Row("claim_plain_p99", "W2a-keys claim alone p99, no key", "ms"),
+        "claim_limited_p50": Row(
+            "claim_limited_p50",
+            "W2a-keys claim alone p50, no key, queue limit (lock + claim)",
+            "ms",
+            ratio_to="claim_plain_p50",
+        ),
+        "claim_limited_p99": Row(
+            "claim_limited_p99",
+            "W2a-keys claim alone p99, no key, queue limit (lock + claim)",
+            "ms",
+            ratio_to="claim_plain_p99",
+        ),
+        "claim_keys_p50": Row(
+            "claim_keys_p50",
+            "W2a-keys claim alone p50, 10,000 keys with a rate (lock + claim)",
+            "ms",
+            ratio_to="claim_limited_p50",
+        ),
+        "claim_keys_p99": Row(
+            "claim_keys_p99",
+            "W2a-keys claim alone p99, 10,000 keys with a rate (lock + claim)",
+            "ms",
+            ratio_to="claim_limited_p99",
+        ),
+        "claim_busy_key_rounds": Row(
+            "claim_busy_key_rounds",
+            "W2a-keys claims to pass a busy key's 10,000 rows out of budget",
+            "claims",
+        ),
+        "claim_busy_key_round_p50": Row(
+            "claim_busy_key_round_p50", "W2a-keys one of those claims (+ set aside), p50", "ms"
+        ),
+        "claim_busy_key_round_max": Row(
+            "claim_busy_key_round_max", "W2a-keys one of those claims (+ set aside), max", "ms"
         ),
         "w2a_async": Row(
             "w2a_async",
@@ -1323,6 +1520,25 @@ def main(argv: list[str] | None = None) -> int:
         if "W2A-LIMITS" in only:
             d = drain(n, 1, limits=True)
             record("w2a_limits", d["rate"], d)
+        if "W2A-KEYS" in only:
+            for kind in ("concurrency", "rate"):
+                d = drain(
+                    n,
+                    1,
+                    enqueue=lambda kind=kind: enqueue_keyed(kind, n),
+                    env={"PGQUEUE_BENCH_KEYS": "1"},
+                )
+                record(f"w2a_keys_{kind}", d["rate"], d)
+            d = key_claim_latency()
+            record("claim_plain_p50", d["plain_p50_ms"], d)
+            record("claim_plain_p99", d["plain_p99_ms"], {})
+            record("claim_limited_p50", d["limited_p50_ms"], {})
+            record("claim_limited_p99", d["limited_p99_ms"], {})
+            record("claim_keys_p50", d["keyed_p50_ms"], {})
+            record("claim_keys_p99", d["keyed_p99_ms"], {})
+            record("claim_busy_key_rounds", d["busy_rounds"], {})
+            record("claim_busy_key_round_p50", d["busy_round_p50_ms"], {})
+            record("claim_busy_key_round_max", d["busy_round_max_ms"], {})
         if "W2A-ASYNC" in only:
             d = drain(n, 1, async_claims=True)
             record("w2a_async", d["rate"], d)

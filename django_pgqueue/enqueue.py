@@ -137,12 +137,13 @@ def build_row(
 def _key_of(definition: TaskDefinition, args: Any, kwargs: dict[str, Any]) -> Any:
     """The task's concurrency_key function applied to this call's arguments."""
     try:
-        return definition.concurrency_key(*args, **kwargs)
+        key = definition.concurrency_key(*args, **kwargs)
     except Exception as exc:
         raise InvalidTaskError(
             f"the concurrency_key function of task {definition.name!r} raised "
             f"{type(exc).__name__}: {exc}"
         ) from exc
+    return _check_key(key, f"the key of task {definition.name!r} (its concurrency_key function)")
 
 
 _propagate: Any = None

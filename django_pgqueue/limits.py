@@ -3,19 +3,24 @@
 ::
 
     PGQUEUE = {"QUEUE_LIMITS": {"emails": {"concurrency": 3, "rate": "100/m"}}}
+    PGQUEUE = {"QUEUE_LIMITS": {"shopify": {"key_rate": "100/m"}}}
 
 * ``concurrency``: at most N tasks of the queue running at once, across every worker.
 * ``rate``: at most N starts per period (``"100/m"``, ``"10/s"``, ``"5/30s"``, ``"1000/h"``),
   across every worker, spread over the period rather than burst at its boundary.
+* ``key_rate``: the same, per concurrency key, for every keyed task of the queue that
+  declares no ``key_rate`` of its own.
 
-Per-key concurrency is declared on the task (``@task(concurrency_key=...)``); see
-registry.py. The claim enforces all of them (sql: claim, docs/limits.md).
+Per-key concurrency and rate are declared on the task (``@task(concurrency_key=...,
+key_concurrency=..., key_rate=...)``); see registry.py. The claim enforces all of
+them (sql: claim, docs/limits.md).
 
 The rate limit is a generic cell rate algorithm (GCRA) kept in ``pgqueue_queue.rate_tat``:
 one start costs ``interval`` seconds of the queue's budget, and at most ``burst`` starts
 may be taken at once after an idle spell. The interval is chosen so that no window of
 one period ever holds more than N starts: with burst b, a sustained backlog gets
-``N - b + 1`` starts per period, evenly spaced, and b at once after a pause.
+``N - b + 1`` starts per period, evenly spaced, and b at once after a pause. A key's
+rate is the same algorithm, its state a row of ``pgqueue_key_rate`` per (queue, key).
 """
 
 from __future__ import annotations
@@ -68,6 +73,8 @@ class QueueLimit:
     queue: str
     concurrency: int | None = None
     rate: Rate | None = None
+    # The rate of each concurrency key of the queue, for keyed tasks without their own.
+    key_rate: Rate | None = None
 
 
 def parse_rate(value: Any) -> Rate:
@@ -95,10 +102,14 @@ def parse_limits(value: Any) -> dict[str, QueueLimit]:
             validate_queue(queue)
         except Exception as exc:
             raise ValueError(f"QUEUE_LIMITS: {exc}") from None
-        if not isinstance(entry, dict) or not entry or set(entry) - {"concurrency", "rate"}:
+        if (
+            not isinstance(entry, dict)
+            or not entry
+            or set(entry) - {"concurrency", "rate", "key_rate"}
+        ):
             raise ValueError(
-                f"QUEUE_LIMITS[{queue!r}] must be a dict with 'concurrency' (an int >= 1) "
-                f"and/or 'rate' (e.g. '100/m'), not {short_repr(entry)}"
+                f"QUEUE_LIMITS[{queue!r}] must be a dict with 'concurrency' (an int >= 1), "
+                f"'rate' and/or 'key_rate' (e.g. '100/m'), not {short_repr(entry)}"
             )
         concurrency = entry.get("concurrency")
         if concurrency is not None and (
@@ -110,9 +121,10 @@ def parse_limits(value: Any) -> dict[str, QueueLimit]:
             )
         try:
             rate = None if entry.get("rate") is None else parse_rate(entry["rate"])
+            key_rate = None if entry.get("key_rate") is None else parse_rate(entry["key_rate"])
         except ValueError as exc:
             raise ValueError(f"QUEUE_LIMITS[{queue!r}]: {exc}") from None
-        limits[queue] = QueueLimit(queue, concurrency, rate)
+        limits[queue] = QueueLimit(queue, concurrency, rate, key_rate)
     return limits
 
 

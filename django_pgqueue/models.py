@@ -250,6 +250,28 @@ class Queue(models.Model):
         return self.name
 
 
+class KeyRate(models.Model):
+    """The per-key rate limit's state (GCRA, docs/limits.md): one row per (queue, key)
+    of tasks with a ``key_rate``, written by the claim, deleted by the sweeper once the
+    key's budget is whole again (a missing row is a whole budget)."""
+
+    pk = models.CompositePrimaryKey("queue", "key")
+    queue = models.CharField(max_length=100)
+    key = models.CharField(max_length=255)
+    # The theoretical arrival time of the key's next start: a claim may start k tasks
+    # of the key while tat - burst <= now() (as pgqueue_queue.rate_tat for a queue).
+    tat = models.DateTimeField()
+    # Where the rows set aside for this key (snooze_throttled_keys) end: the next ones
+    # are spaced from there.
+    snoozed_until = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        db_table = "pgqueue_key_rate"
+
+    def __str__(self) -> str:
+        return f"{self.queue}:{self.key}"
+
+
 class Worker(models.Model):
     """A live worker process, registered at start and refreshed by its heartbeat."""
 

@@ -128,6 +128,7 @@ class TaskOptions(TypedDict, total=False):
     version: int
     concurrency_key: Callable[..., str | None] | None
     key_concurrency: int | None
+    key_rate: str | None
     retry_on: type[BaseException] | tuple[type[BaseException], ...] | None
     discard_on: type[BaseException] | tuple[type[BaseException], ...]
     expires: float | timedelta | None
@@ -347,6 +348,9 @@ class TaskDefinition(Generic[P, R]):
     # concurrency_key(*args, **kwargs). None: the task is not limited by key.
     concurrency_key: Callable[..., str | None] | None = None
     key_concurrency: int | None = None
+    # Per-key rate (docs/limits.md): at most key_rate.count starts per key_rate.seconds
+    # per (queue, key), fleet-wide (a limits.Rate; None: no rate per key).
+    key_rate: Any = None
     # Which exceptions retry (None: all) and which fail at once, as exception names
     # (module.qualname); frozen on each row at enqueue.
     retry_on: tuple[str, ...] | None = None
@@ -402,11 +406,15 @@ class TaskDefinition(Generic[P, R]):
             raise InvalidTaskError("metadata must be a dict of JSON values")
         if options.get("commit_alias") is not None:
             validate_commit_alias(options["commit_alias"])
-        if options.get("concurrency_key") is not None and self.key_concurrency is None:
+        if (
+            options.get("concurrency_key") is not None
+            and self.key_concurrency is None
+            and self.key_rate is None
+        ):
             raise InvalidTaskError(
                 f"task {self.name!r} declares no per-key limit, so a concurrency_key would "
-                "limit nothing: declare it with @task(key_concurrency=N) or "
-                "@task(concurrency_key=...)"
+                "limit nothing: declare it with @task(key_concurrency=N), "
+                "@task(key_rate='N/period') or @task(concurrency_key=...)"
             )
         if "after" in options:
             options["after"] = validate_after(options["after"])
@@ -619,6 +627,7 @@ def task(
     takes_context: bool = False,
     concurrency_key: Callable[..., str | None] | None = None,
     key_concurrency: int | None = None,
+    key_rate: str | None = None,
     retry_on: type[BaseException] | tuple[type[BaseException], ...] | None = None,
     discard_on: type[BaseException] | tuple[type[BaseException], ...] = (),
     expires: float | timedelta | None = None,
@@ -630,9 +639,10 @@ def task(
     handler version: a worker only claims the (name, version) pairs it has registered.
     With ``takes_context=True`` the function receives a TaskContext as its first argument.
     ``concurrency_key`` (a function of the task's arguments returning a string or None)
-    and ``key_concurrency`` (default 1) limit how many tasks of one key run at once
-    across the fleet (docs/limits.md). ``discard_on`` (exception classes) fails the task
-    at once when its handler raises one of them; with ``retry_on``, only those retry
+    and ``key_concurrency`` (default 1, unless ``key_rate`` is given) limit how many
+    tasks of one key run at once across the fleet; ``key_rate`` (``"100/m"``) how many
+    of one key start per period (docs/limits.md). ``discard_on`` (exception classes)
+    fails the task at once when its handler raises one of them; with ``retry_on``, only those retry
     and any other exception fails at once (docs/tasks.md, "Retrying by exception").
     ``expires`` (seconds) is the default expiry: a task not started that long after
     its enqueue never starts (docs/tasks.md, "Expiry").
@@ -652,8 +662,16 @@ def task(
                 f"arguments returning a string, not {short_repr(concurrency_key)}; pass a "
                 "fixed key per call with .using(concurrency_key=...)"
             )
+        rate = None
+        if key_rate is not None:
+            from django_pgqueue.limits import parse_rate
+
+            try:
+                rate = parse_rate(key_rate)
+            except ValueError as exc:
+                raise ImproperlyConfigured(f"@task on {_origin(fn)}: key_rate: {exc}") from None
         limit = key_concurrency
-        if limit is None and concurrency_key is not None:
+        if limit is None and concurrency_key is not None and rate is None:
             limit = 1
         if limit is not None and (
             isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= 32767
@@ -680,6 +698,7 @@ def task(
                 takes_context=takes_context,
                 concurrency_key=concurrency_key,
                 key_concurrency=limit,
+                key_rate=rate,
                 retry_on=None if retry_on is None else validate_exceptions(retry_on, "retry_on"),
                 discard_on=validate_exceptions(discard_on, "discard_on"),
                 expires=(

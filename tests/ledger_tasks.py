@@ -47,3 +47,14 @@ def ledger_overrun(context: TaskContext, first_seconds: float, seconds: float = 
     time.sleep(first_seconds if context.attempt == 1 else seconds)
     record_run("end", context.task_id, context.attempt, context.lease_token)
     return context.attempt
+
+
+@task(takes_context=True, concurrency_key=lambda n, key, seconds=0.01: key, key_rate="4/2s")
+def ledger_key_rated(context: TaskContext, n: int, key: str | None, seconds: float = 0.01) -> int:
+    """A ledger run whose key starts at most 4 times per 2 s, fleet-wide (burst 1: one
+    start every 0.5 s per key), with no limit on how many of a key run at once. A None
+    key is not limited."""
+    record_run("start", context.task_id, context.attempt, context.lease_token)
+    time.sleep(seconds)
+    record_run("end", context.task_id, context.attempt, context.lease_token)
+    return n

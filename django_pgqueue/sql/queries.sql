@@ -21,6 +21,7 @@
 --                       (child_id); the trigger pgqueue_release_dependents (migration
 --                       0008) resolves a task's edges when it ends
 --   pgqueue_task_unique_live UNIQUE (unique_key) WHERE unique_key IS NOT NULL AND live
+--   pgqueue_key_rate: PRIMARY KEY (queue, key): one row per key with a per-key rate
 --
 -- States: 'scheduled' rows are due later and sit outside the claim's indexes; the
 -- stager makes them 'pending' when due, so every pending row is due.
@@ -216,6 +217,18 @@ SELECT nextval('pgqueue_task_id_seq');
 --   at most what each key and each queue may start of what the walk found. A limited
 --   queue takes no starvation escape (its limits already decide who starts). All of
 --   it is empty for a worker without limits: four empty arrays.
+-- * Per-key rates (docs/limits.md), for the routes with a key_rate_interval: the same
+--   GCRA per (queue, concurrency_key), its state a row of pgqueue_key_rate (primary key
+--   lookup per key the walk found, key_rates). allowed keeps at most what each key's
+--   budget allows now (besides its concurrency); key_rated spends it, for the rows taken
+--   only. The queue's lock (lock_limited_queues: a queue with rate-keyed routes is locked
+--   like a limited one) makes reading and spending a key's budget race-free. Every claim
+--   is a start: a retry or a recovered task spends its key's budget again. Rows of a key
+--   out of budget that the walk met stay pending (locked by this statement only); a
+--   claim that came back short, or whose walk found rows its keys held back (key_held,
+--   returned on every row), is followed by snooze_throttled_keys in the same
+--   transaction, which sets them aside, so that the walk does not meet them at every
+--   claim (with several routes, a full claim may still hide a key at a route's head).
 -- * Expiry (expires_at, docs/tasks.md): a picked row that never started and whose
 --   expires_at has passed is not started. The final UPDATE ends it cancelled instead,
 --   with an Expired error, and returns it flagged (expired) for the worker to count and
@@ -248,8 +261,9 @@ SELECT nextval('pgqueue_task_id_seq');
 WITH routes AS (
     SELECT r.*
       FROM unnest(%(route_queues)s::text[], %(route_names)s::text[],
-                  %(route_versions)s::int[], %(route_key_limits)s::int[])
-           AS r(queue, task_name, version, key_limit)
+                  %(route_versions)s::int[], %(route_key_limits)s::int[],
+                  %(route_key_rate_intervals)s::float8[], %(route_key_rate_bursts)s::int[])
+           AS r(queue, task_name, version, key_limit, key_rate_interval, key_rate_burst)
      WHERE NOT EXISTS (
                SELECT 1
                  FROM pgqueue_queue AS p
@@ -313,7 +327,7 @@ starving AS MATERIALIZED (
                            ORDER BY t.run_at, t.id
                            LIMIT 1
                       ) AS o
-                WHERE r.queue = q.queue AND r.key_limit IS NULL
+                WHERE r.queue = q.queue AND r.key_limit IS NULL AND r.key_rate_interval IS NULL
                 ORDER BY o.run_at, o.id
                 LIMIT 1
            ) AS s
@@ -339,7 +353,8 @@ escaped AS MATERIALIZED (
        FOR NO KEY UPDATE OF t SKIP LOCKED
 ),
 candidates AS MATERIALIZED (
-    SELECT c.id, c.priority, c.run_at, r.queue, c.concurrency_key, r.key_limit, c.bytes
+    SELECT c.id, c.priority, c.run_at, r.queue, c.concurrency_key, r.key_limit, c.bytes,
+           r.key_rate_interval, r.key_rate_burst
       FROM routes AS r
       LEFT JOIN room AS rm ON rm.queue = r.queue
      CROSS JOIN LATERAL (
@@ -369,19 +384,36 @@ keyed AS MATERIALIZED (
                               ORDER BY c.priority DESC, c.run_at, c.id) AS nth_of_key
       FROM candidates AS c
 ),
+key_rates AS MATERIALIZED (
+    SELECT c.queue, c.key,
+           GREATEST((SELECT kr.tat
+                       FROM pgqueue_key_rate AS kr
+                      WHERE kr.queue = c.queue AND kr.key = c.key), now()) AS tat
+      FROM (SELECT DISTINCT queue, concurrency_key AS key
+              FROM candidates
+             WHERE key_rate_interval IS NOT NULL AND concurrency_key IS NOT NULL) AS c
+),
 allowed AS MATERIALIZED (
-    SELECT k.id, k.priority, k.run_at, k.queue, k.bytes,
+    SELECT k.id, k.priority, k.run_at, k.queue, k.bytes, k.concurrency_key,
+           k.key_rate_interval,
            row_number() OVER (PARTITION BY k.queue
                               ORDER BY k.priority DESC, k.run_at, k.id) AS nth_of_queue
       FROM keyed AS k
-     WHERE k.key_limit IS NULL OR k.concurrency_key IS NULL
-        OR k.nth_of_key <= k.key_limit - COALESCE((
-               SELECT b.running
-                 FROM busy_keys AS b
-                WHERE b.queue = k.queue AND b.key = k.concurrency_key), 0)
+     WHERE (k.key_limit IS NULL OR k.concurrency_key IS NULL
+            OR k.nth_of_key <= k.key_limit - COALESCE((
+                   SELECT b.running
+                     FROM busy_keys AS b
+                    WHERE b.queue = k.queue AND b.key = k.concurrency_key), 0))
+       AND (k.key_rate_interval IS NULL OR k.concurrency_key IS NULL
+            OR k.nth_of_key <= (
+                   SELECT floor(((k.key_rate_burst - 1) * k.key_rate_interval
+                                 - EXTRACT(EPOCH FROM kr.tat - now()))
+                                / k.key_rate_interval)::int + 1
+                     FROM key_rates AS kr
+                    WHERE kr.queue = k.queue AND kr.key = k.concurrency_key))
 ),
 picked AS MATERIALIZED (
-    SELECT a.id, a.queue,
+    SELECT a.id, a.queue, a.concurrency_key, a.key_rate_interval,
            %(claim_batch_bytes)s::bigint IS NULL
            OR sum(a.bytes) OVER pick + (SELECT COALESCE(sum(e.bytes), 0) FROM escaped AS e)
               <= %(claim_batch_bytes)s::bigint
@@ -402,6 +434,18 @@ rated AS (
      WHERE rm.rate_interval IS NOT NULL
         ON CONFLICT (name) DO UPDATE
        SET rate_tat = EXCLUDED.rate_tat
+),
+key_rated AS (
+    INSERT INTO pgqueue_key_rate AS k (queue, key, tat)
+    SELECT kr.queue, kr.key, kr.tat + make_interval(secs => p.spent)
+      FROM key_rates AS kr
+      JOIN (SELECT queue, concurrency_key AS key, sum(key_rate_interval) AS spent
+              FROM picked
+             WHERE fits AND key_rate_interval IS NOT NULL AND concurrency_key IS NOT NULL
+             GROUP BY 1, 2) AS p
+        ON p.queue = kr.queue AND p.key = kr.key
+        ON CONFLICT (queue, key) DO UPDATE
+       SET tat = EXCLUDED.tat
 )
 UPDATE pgqueue_task AS t
    SET state = CASE WHEN t.started_at IS NULL AND t.expires_at <= statement_timestamp()
@@ -444,7 +488,8 @@ RETURNING t.id, t.task_name, t.handler_version, t.queue, t.priority, t.args, t.k
           t.metadata::text AS metadata_json,
           NULLIF(t.signals, '{}')::text AS signals_json, t.wake::text AS wake_json,
           t.state = 'cancelled' AS expired,
-          (SELECT count(*) FROM picked WHERE NOT fits) AS left_out;
+          (SELECT count(*) FROM picked WHERE NOT fits) AS left_out,
+          (SELECT count(*) FROM keyed) - (SELECT count(*) FROM allowed) AS key_held;
 
 
 -- name: find_claimed
@@ -630,6 +675,108 @@ SELECT count(pg_advisory_xact_lock(1885827330, h))
           FROM unnest(%(queues)s::text[]) AS q
          ORDER BY 1
         OFFSET 0) AS s;
+
+
+-- name: snooze_throttled_keys
+-- After a short claim of routes with a per-key rate, in the claim's transaction (so
+-- under its queue locks, and seeing the budget the claim just spent): the rows among
+-- the first %(limit)s of each such route (pgqueue_task_claim, in the claim's order) whose
+-- key has no budget now are set aside: 'scheduled' until their key's next start, so the
+-- claims that follow walk past them in no time, and the stager makes them pending when
+-- they are due. Without it, a key with a long backlog at its rate would be walked over
+-- (read, locked and left) by every claim before the rows of the keys behind it.
+-- The rows of one key are spaced by its rate from its next start, or from where the
+-- rows it set aside before end (pgqueue_key_rate.snoozed_until), so that each comes due
+-- about when its key has budget for it: a row is set aside about once, not at every
+-- claim. They keep their priority; their run_at becomes that time (not before what it
+-- was). SKIP LOCKED: a row another claimer (of a worker without the rate) is taking is
+-- left to it. Returns how many rows it set aside.
+WITH routes AS (
+    SELECT r.*
+      FROM unnest(%(route_queues)s::text[], %(route_names)s::text[],
+                  %(route_versions)s::int[], %(route_key_rate_intervals)s::float8[],
+                  %(route_key_rate_bursts)s::int[])
+           AS r(queue, task_name, version, rate_interval, rate_burst)
+     WHERE r.rate_interval IS NOT NULL
+),
+heads AS MATERIALIZED (
+    SELECT h.id, h.priority, h.run_at, r.queue, h.concurrency_key AS key,
+           r.rate_interval, r.rate_burst
+      FROM routes AS r
+     CROSS JOIN LATERAL (
+               SELECT t.id, t.priority, t.run_at, t.concurrency_key
+                 FROM pgqueue_task AS t
+                WHERE t.state = 'pending'
+                  AND t.queue = r.queue AND t.task_name = r.task_name
+                  AND t.handler_version = r.version
+                ORDER BY t.priority DESC, t.run_at, t.id
+                LIMIT %(limit)s
+           ) AS h
+     WHERE h.concurrency_key IS NOT NULL
+),
+throttled AS MATERIALIZED (
+    SELECT h.id, h.queue, h.key,
+           k.base + make_interval(secs => h.rate_interval
+                                          * (row_number() OVER (PARTITION BY h.queue, h.key
+                                                                ORDER BY h.priority DESC,
+                                                                         h.run_at, h.id)
+                                             - 1)) AS due,
+           k.base + make_interval(secs => h.rate_interval
+                                          * count(*) OVER (PARTITION BY h.queue, h.key))
+               AS until
+      FROM heads AS h
+     CROSS JOIN LATERAL (
+               SELECT GREATEST(k.tat - make_interval(secs => (h.rate_burst - 1)
+                                                             * h.rate_interval),
+                               k.snoozed_until) AS base
+                 FROM pgqueue_key_rate AS k
+                WHERE k.queue = h.queue AND k.key = h.key
+                  AND k.tat - make_interval(secs => (h.rate_burst - 1) * h.rate_interval)
+                      > now()
+               OFFSET 0
+           ) AS k
+),
+locked AS MATERIALIZED (
+    SELECT t.id, th.due
+      FROM throttled AS th
+      JOIN pgqueue_task AS t ON t.id = th.id
+     WHERE t.state = 'pending'
+       FOR NO KEY UPDATE OF t SKIP LOCKED
+),
+snoozed AS (
+    UPDATE pgqueue_task AS t
+       SET state = 'scheduled',
+           run_at = GREATEST(t.run_at, (SELECT l.due FROM locked AS l WHERE l.id = t.id))
+     WHERE t.id = ANY (ARRAY(SELECT id FROM locked))
+    RETURNING t.id
+),
+spaced AS (
+    UPDATE pgqueue_key_rate AS k
+       SET snoozed_until = (SELECT max(th.until)
+                              FROM throttled AS th
+                             WHERE th.queue = k.queue AND th.key = k.key)
+     WHERE k.queue = ANY (ARRAY(SELECT DISTINCT queue FROM throttled))
+       AND k.key = ANY (ARRAY(SELECT DISTINCT key FROM throttled))
+)
+SELECT count(*) FROM snoozed;
+
+
+-- name: prune_key_rates
+-- The sweeper: rows of pgqueue_key_rate whose budget is whole again (tat past) and
+-- that space no set-aside rows any more are the same as no row: deleted, in batches.
+-- A claim that read such a row before it went spends from now() either way (GREATEST),
+-- and inserts it again (ON CONFLICT on a row that is gone inserts).
+WITH gone AS (
+    DELETE FROM pgqueue_key_rate AS k
+     USING (SELECT queue, key
+              FROM pgqueue_key_rate
+             WHERE tat < now() AND (snoozed_until IS NULL OR snoozed_until < now())
+             LIMIT %(limit)s
+               FOR UPDATE SKIP LOCKED) AS old
+     WHERE k.queue = old.queue AND k.key = old.key
+    RETURNING 1
+)
+SELECT count(*) FROM gone;
 
 
 -- name: limit_state

@@ -63,6 +63,9 @@ class ClaimedTask:
     # How many rows the claim left pending to keep its batch within CLAIM_BATCH_BYTES
     # (the same on every row of one claim; sql: claim): the claimer claims again at once.
     left_out: int = 0
+    # Rows the claim's walk found that their key's limit held back (same on every row):
+    # with a per-key rate, the claimer then sets aside those out of budget.
+    key_held: int = 0
     received_monotonic: float = field(default_factory=time.monotonic)
     # When a slot began running it: a prefetched task may wait for a slot, and its
     # timeout counts from its start, not from its claim.

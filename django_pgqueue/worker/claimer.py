@@ -45,7 +45,7 @@ from typing import TYPE_CHECKING
 import psycopg
 from psycopg.rows import class_row
 
-from django_pgqueue.limits import QueueLimit
+from django_pgqueue.limits import QueueLimit, Rate
 from django_pgqueue.sql import QUERIES
 from django_pgqueue.worker.claimed import ClaimedTask
 from django_pgqueue.worker.connection import CONNECTION_ERRORS, Backoff, Session
@@ -74,6 +74,9 @@ PARK_RETRY_CAP = 0.05
 # claimed into again for this long while the claimer does not park (seconds); a parked
 # claimer that wakes up asks both.
 LANE_RECHECK = 0.05
+# Rows at the head of each route with a per-key rate that a short claim looks at for
+# keys out of budget, to set them aside until their key's next start (snooze_throttled).
+SNOOZE_BATCH = 100
 
 
 class Claimer:
@@ -97,6 +100,7 @@ class Claimer:
         async_lane: tuple[AsyncSlots, list[tuple[str, int]]] | None = None,
         limits: dict[str, QueueLimit] | None = None,
         key_limits: dict[tuple[str, int], int] | None = None,
+        key_rates: dict[tuple[str, int], Rate] | None = None,
         listen_alias: str | None = "",
         claim_batch_bytes: int | None = None,
     ) -> None:
@@ -109,7 +113,7 @@ class Claimer:
         def params(lane_routes: list[tuple[str, int]]) -> dict[str, object]:
             return route_params(
                 queues, lane_routes, starvation_timeout, limits, key_limits,
-                claim_batch_bytes=claim_batch_bytes,
+                claim_batch_bytes=claim_batch_bytes, key_rates=key_rates,
             )  # fmt: skip
 
         self._route_params = params(routes)
@@ -414,6 +418,12 @@ class Claimer:
         if any(task.expired for task in tasks):
             tasks = self._drop_expired(tasks)
         self._hand_over(tasks, lane)
+        if lane.snoozed:
+            # Rows of keys out of budget were set aside: what is behind them is
+            # claimable now, and they are due at their key's next start (staged then).
+            self.stats.incr("key_rate_snoozed", lane.snoozed)
+            self._nothing_scheduled = False
+            return want
         if cut:
             self.stats.incr("claims_cut")
             return want
@@ -439,10 +449,21 @@ class Claimer:
         psycopg's transaction and pipeline objects cost more client CPU per claim than
         the two round trips they save on a local network.)"""
         lane.throttled_until = 0.0
+        lane.snoozed = 0
         conn.execute("BEGIN")
         try:
             conn.execute(QUERIES["lock_limited_queues"], {"queues": lane.lock_queues})
             tasks = _fetch(conn, "claim", params)
+            if lane.key_rated and (
+                (len(tasks) < want and not (tasks and tasks[0].left_out))
+                or (tasks and tasks[0].key_held)
+            ):
+                # Keys held rows back from a claim of routes with per-key rates: set aside
+                # the head rows of keys out of budget (every walk would meet them again).
+                snooze = {**params, "limit": SNOOZE_BATCH}
+                (lane.snoozed,) = conn.execute(
+                    QUERIES["snooze_throttled_keys"], snooze
+                ).fetchone()
             conn.execute("COMMIT")
         except BaseException:
             if not conn.closed:
@@ -566,6 +587,13 @@ class _Lane:
     short_at: float | None = None  # monotonic: its last claim came back short
     # monotonic: a rate limit allows this lane's next start then (0: not throttled)
     throttled_until: float = 0.0
+    # Rows of keys out of their rate's budget set aside by this lane's last claim.
+    snoozed: int = 0
+
+    @property
+    def key_rated(self) -> bool:
+        """Some of this lane's routes have a per-key rate."""
+        return any(r is not None for r in self.params["route_key_rate_intervals"])
 
     @property
     def lock_queues(self) -> list[str]:
@@ -603,17 +631,29 @@ def route_params(
     key_limits: dict[tuple[str, int], int] | None = None,
     *,
     claim_batch_bytes: int | None = None,
+    key_rates: dict[tuple[str, int], Rate] | None = None,
 ) -> dict[str, object]:
     """The claim's parameters that name what a worker can take: every (queue, task
     name, version) it can run, with its per-key limit; its starvation escape (one
     starving task per queue may jump the priority order per tenth of the starvation
-    timeout); the limits of its queues (``limits``: QUEUE_LIMITS); and the bytes one
-    claim may load (CLAIM_BATCH_BYTES; None: no bound)."""
+    timeout); the limits of its queues (``limits``: QUEUE_LIMITS); the rate of each
+    keyed route's keys (``key_rates``: the task's own, else its queue's ``key_rate``);
+    and the bytes one claim may load (CLAIM_BATCH_BYTES; None: no bound)."""
     limits = {q: limit for q, limit in (limits or {}).items() if q in queues}
     key_limits = key_limits or {}
+    key_rates = key_rates or {}
     triples = [(queue, name, version) for queue in queues for name, version in routes]
-    limited = sorted(limits)
-    keyed = sorted({queue for queue, name, version in triples if (name, version) in key_limits})
+
+    def key_rate(queue: str, name: str, version: int) -> Rate | None:
+        if (name, version) in key_rates:
+            return key_rates[(name, version)]
+        limit = limits.get(queue)
+        return limit.key_rate if limit and (name, version) in key_limits else None
+
+    route_rates = [key_rate(*t) for t in triples]
+    limited = sorted(q for q, limit in limits.items() if limit.concurrency or limit.rate)
+    keyed = sorted({t[0] for t, rate in zip(triples, route_rates, strict=True)
+                    if (t[1], t[2]) in key_limits or rate is not None})  # fmt: skip
     rates = [limits[q].rate for q in limited]
     return {
         "queues": list(queues),
@@ -621,6 +661,8 @@ def route_params(
         "route_names": [t[1] for t in triples],
         "route_versions": [t[2] for t in triples],
         "route_key_limits": [key_limits.get((t[1], t[2])) for t in triples],
+        "route_key_rate_intervals": [r.interval if r else None for r in route_rates],
+        "route_key_rate_bursts": [r.burst if r else None for r in route_rates],
         "starvation_seconds": starvation_timeout,
         "escape_window_seconds": starvation_timeout / 10,
         "look_for_starving": True,

@@ -49,8 +49,19 @@ class Sweeper(Periodic):
             )
             if removed:
                 logger.info("sweeper: removed %d stale worker row(s)", len(removed))
+            self.prune_key_rates()
             if self.unroutable_ttl is not None:
                 self.fail_unroutable()
+
+    def prune_key_rates(self) -> int:
+        """Delete the per-key rate rows whose budget is whole again (no row is a whole
+        budget): the table holds the keys active within about one period."""
+        total = 0
+        while True:
+            (count,) = self.session.fetchall("prune_key_rates", {"limit": BATCH * 10})[0]
+            total += count
+            if count < BATCH * 10:
+                return total
 
     def fail_unroutable(self) -> int:
         """Fail one batch of tasks due for UNROUTABLE_TTL that their queue's live workers

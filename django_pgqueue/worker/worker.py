@@ -142,6 +142,7 @@ class Worker:
         self.limits = {q: lim for q, lim in queue_limits().items() if q in options.queues}
         key_limits = {(d.name, d.version): d.key_concurrency for d in definitions
                       if d.key_concurrency is not None}  # fmt: skip
+        key_rates = {(d.name, d.version): d.key_rate for d in definitions if d.key_rate}
         self.settler = Settler(
             self.alias,
             self.inflight,
@@ -198,6 +199,7 @@ class Worker:
             async_lane=async_lane,
             limits=self.limits,
             key_limits=key_limits,
+            key_rates=key_rates,
             listen_alias=self._listen_alias(conf),
             claim_batch_bytes=conf.CLAIM_BATCH_BYTES,
         )
