@@ -382,6 +382,32 @@ def test_a_rolled_back_first_enqueue_lets_the_waiting_one_insert_its_own(pg):
 
 
 @committed
+def test_a_duplicate_waits_for_the_first_transaction_and_counts_its_task_once_ended(pg):
+    """The key's lock, not only the live index: the first task ends within its own
+    transaction (as a task that ran before the duplicate looked would have); the
+    duplicate, which waited, still finds it within unique_for."""
+    release = threading.Event()
+
+    def first():
+        with transaction.atomic():
+            task_id = tasks.noop.using(unique_key="ended", unique_for=60).enqueue(1)
+            release.wait(10)
+            end(task_id)
+        return task_id
+
+    a = InThread(first)
+    wait_until(lambda: lock_waiters(pg) == 0 and a.thread.is_alive())
+    time.sleep(0.1)
+    b = InThread(lambda: tasks.noop.using(unique_key="ended", unique_for=60).enqueue(2))
+    wait_until(lambda: lock_waiters(pg) == 1, message="the duplicate to wait")
+    release.set()
+
+    first_id, second = a.join(), b.join()
+    assert second == first_id
+    assert [(r.id, r.state) for r in rows("ended")] == [(first_id, "succeeded")]
+
+
+@committed
 def test_an_option_call_waits_for_an_uncommitted_default_call_and_gets_its_id(pg):
     release = threading.Event()
 
@@ -456,12 +482,18 @@ print(json.dumps({"id": task_id, "committed": not rollback}))
 @pytest.mark.parametrize(
     "options",
     [
-        [{"unique_for": 60}] * 6,
-        [{"on_conflict": "replace"}] * 6,
+        [
+            {"unique_for": 60},
+            {"on_conflict": "replace"},
+            {"unique_states": [*LIVE, "succeeded"]},
+            {"unique_for": 60, "on_conflict": "replace"},
+            {"unique_for": 60},
+            {"on_conflict": "replace"},
+        ],
         # Calls with and without options, at once.
         [{"unique_for": 60}, {}, {"on_conflict": "replace"}, {}, {"unique_for": 60}, {}],
     ],
-    ids=["unique_for", "replace", "mixed"],
+    ids=["options", "mixed"],
 )
 def test_processes_enqueueing_one_key_at_once_make_one_row_and_all_get_its_id(
     pg, db_url, options
@@ -511,13 +543,22 @@ def test_a_worker_claiming_while_calls_replace_runs_each_task_with_its_final_arg
         message="every task run",
     )
 
-    runs = [json.loads(line) for line in ledger.read_text().splitlines()]
-    done = {r.id: r for r in rows("debounce")}
+    runs = {run["task"]: run["n"] for run in map(json.loads, ledger.read_text().splitlines())}
+    done = {r.id: r.args for r in rows("debounce")}
     # Each task ran once, with the arguments its row holds: a replace never reached a
     # claimed task.
-    assert sorted(run["task"] for run in runs) == sorted(done)
-    assert all([run["n"]] == done[run["task"]].args for run in runs)
-    # The last call's arguments ran; calls were folded (replaced) and claims came between.
-    assert max(run["n"] for run in runs) == 299
+    assert len(runs) == len(ledger.read_text().splitlines()) == len(done)
+    assert {task_id: [n] for task_id, n in runs.items()} == done
+    # The calls that returned a task's id are consecutive: the first inserted it, the
+    # next replaced it until a worker claimed it, the rest found it running and were
+    # dropped (on_conflict="replace" never changes a started task). It ran with the
+    # arguments of one of them: never another task's.
+    calls_of: dict[int, list[int]] = {}
+    for n, task_id in enumerate(returned):
+        calls_of.setdefault(task_id, []).append(n)
+    assert set(calls_of) == set(done)
+    for task_id, calls in calls_of.items():
+        assert calls == list(range(calls[0], calls[-1] + 1))
+        assert runs[task_id] in calls
+    # Calls were folded (replaced), and claims came between them.
     assert 1 < len(done) < 300
-    assert set(returned) == set(done)
