@@ -30,6 +30,7 @@ from tests.conftest import REPO, wait_until
 from tests.ledger import LEDGER_ENV
 from tests.pgcluster import django_env
 from tests.sqlhelpers import claim
+from tests.test_explain import analyze, buffers, node_types, rows_read
 
 pytestmark = pytest.mark.django_db
 committed = pytest.mark.django_db(transaction=True)  # other connections see the rows
@@ -562,3 +563,35 @@ def test_a_worker_claiming_while_calls_replace_runs_each_task_with_its_final_arg
         assert runs[task_id] in calls
     # Calls were folded (replaced), and claims came between them.
     assert 1 < len(done) < 300
+
+
+# --- cost ----------------------------------------------------------------------------
+
+
+@committed
+def test_finding_a_duplicate_reads_the_key_s_rows_only_whatever_the_table_holds(pg):
+    # Given 20,000 finished tasks of other keys and 50 of this one, with statistics
+    pg.execute(
+        "INSERT INTO pgqueue_task (queue, task_name, state, unique_key, finished_at) "
+        "SELECT 'default', 'tests.tasks.noop', 'succeeded', "
+        "       CASE WHEN n <= 50 THEN 'hot' ELSE 'key:' || n END, now() "
+        "FROM generate_series(1, 20000) AS n"
+    )
+    pg.execute("VACUUM ANALYZE pgqueue_task")
+    params = {
+        "unique_key": "hot",
+        "unique_states": [*LIVE, "succeeded"],
+        "unique_for": timedelta(hours=1),
+        "task_name": "tests.tasks.noop",
+    }
+
+    # When the duplicate check runs, for that key and for a key no task has
+    analyze(pg, "find_unique", params)  # warm the caches
+    hot = analyze(pg, "find_unique", params)
+    cold = analyze(pg, "find_unique", {**params, "unique_key": "none"})
+
+    # Then it walks the key's index entries only
+    for plan in (hot, cold):
+        assert "Seq Scan pgqueue_task" not in node_types(plan), plan
+        assert buffers(plan) < 20, plan
+    assert rows_read(hot) <= 51
