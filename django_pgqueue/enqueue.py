@@ -355,8 +355,9 @@ def enqueue_on_commit(definition: TaskDefinition, args: Any, kwargs: dict[str, A
 
     The block is the one on ``commit_alias`` (default: the queue's database), so a view
     writing to another database can defer the task until its own commit. With
-    ``unique_key`` the id returned is the reserved one; if a live duplicate wins at
-    commit time, the reservation is simply not used.
+    ``unique_key`` the id returned is the reserved one; if a duplicate holds the key at
+    commit time (kept or replaced, by the call's unique options), the reservation is
+    simply not used.
     """
     row = build_row(definition, args, kwargs)
     alias = database_for(row["queue"])
