@@ -595,3 +595,22 @@ def test_finding_a_duplicate_reads_the_key_s_rows_only_whatever_the_table_holds(
         assert "Seq Scan pgqueue_task" not in node_types(plan), plan
         assert buffers(plan) < 20, plan
     assert rows_read(hot) <= 51
+
+
+@committed
+def test_the_options_work_with_prepared_statements_as_with_unprepared_ones():
+    from django.conf import settings
+    from django.test import override_settings
+
+    connection.close()
+    with override_settings(PGQUEUE={**settings.PGQUEUE, "PREPARE_ENQUEUE": True}):
+        for n in range(8):  # past PostgreSQL's switch to a generic plan (5 executions)
+            first = tasks.noop.using(unique_key="prepared", on_conflict="replace").enqueue(n)
+            assert tasks.noop.using(unique_key="prepared", unique_for=60).enqueue(n) == first
+            if n % 2:
+                end(first)
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT statement FROM pg_prepared_statements")
+            prepared = " ".join(text for (text,) in cursor.fetchall())
+    assert "1885827335" in prepared and "UPDATE pgqueue_task" in prepared
+    assert [r.args for r in rows("prepared")] == [[1], [3], [5], [7]]
