@@ -614,3 +614,16 @@ def test_the_options_work_with_prepared_statements_as_with_unprepared_ones():
             prepared = " ".join(text for (text,) in cursor.fetchall())
     assert "1885827335" in prepared and "UPDATE pgqueue_task" in prepared
     assert [r.args for r in rows("prepared")] == [[1], [3], [5], [7]]
+
+
+@pytest.mark.parametrize(
+    "options", [{"unique_for": 60}, {"unique_states": LIVE}, {"on_conflict": "replace"}]
+)
+def test_a_schedule_refuses_the_unique_options_like_unique_key(options):
+    from django.core.exceptions import ImproperlyConfigured
+
+    from django_pgqueue.periodic import periodic, schedule_registry
+
+    with pytest.raises(ImproperlyConfigured, match=f"using\\({next(iter(options))}=...\\)"):
+        periodic(tasks.noop.using(**options), every=60, name="tests.test_unique.tick")
+    assert "tests.test_unique.tick" not in {s.name for s in schedule_registry.all()}
