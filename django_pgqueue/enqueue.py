@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -28,7 +29,7 @@ from django_pgqueue.payload import (
     dumps,
     fits,
 )
-from django_pgqueue.registry import Call, in_utc
+from django_pgqueue.registry import LIVE_STATES, TASK_STATES, Call, in_utc
 from django_pgqueue.sql import QUERIES
 
 if TYPE_CHECKING:
@@ -97,6 +98,11 @@ def build_row(
     check_size(ARGS_LIMIT, args_json, kwargs_json)
     run_at = _check_run_at(opts.run_at)
     unique_key = _check_unique_key(opts.unique_key)
+    unique = None if unique_key is None else _unique_policy(definition)
+    if unique_key is None and (
+        opts.unique_for is not None or opts.unique_states is not None or opts.on_conflict
+    ):
+        _no_key(opts)
     metadata_json = dumps(check_json({**_trace_context(), **opts.metadata}, "metadata"))
     check_size(METADATA_LIMIT, metadata_json)
     backoff = opts.backoff or definition.backoff
@@ -124,6 +130,7 @@ def build_row(
         "retry_policy": _policy_json(backoff, retry_on, discard_on),
         "timeout": _interval(definition.call_timeout),
         "unique_key": unique_key,
+        "unique": unique,
         "metadata": metadata_json,
         "concurrency_key": _check_key(concurrency_key, "concurrency_key"),
         "after": list(opts.after),
@@ -132,6 +139,43 @@ def build_row(
         "expires_at": expires if isinstance(expires, datetime) else None,
         "expires": None if isinstance(expires, datetime) else _interval(expires),
     }
+
+
+@dataclass(frozen=True)
+class UniquePolicy:
+    """How a call with a unique_key treats a duplicate, when other than by default
+    (a live task holds the key, the new call is dropped): _insert_unique."""
+
+    window: timedelta | None  # unique_for
+    states: list[str]  # the states that count (the live ones always do)
+    replace: bool  # on_conflict="replace"
+
+
+def _unique_policy(definition: TaskDefinition) -> UniquePolicy | None:
+    """The call's policy; None for the default one (today's single statement)."""
+    opts = definition.options
+    unique_for = definition.unique_for if opts.unique_for is None else opts.unique_for
+    states = definition.unique_states if opts.unique_states is None else opts.unique_states
+    on_conflict = opts.on_conflict or definition.on_conflict or "keep"
+    if states is None:
+        # unique_for alone counts every state ("enqueued within the period, whatever
+        # its state"); without it, the live ones.
+        states = TASK_STATES if unique_for is not None else LIVE_STATES
+    if unique_for is None and states == LIVE_STATES and on_conflict == "keep":
+        return None
+    return UniquePolicy(_interval(unique_for), list(states), on_conflict == "replace")
+
+
+def _no_key(opts: Any) -> None:
+    given = [
+        name
+        for name in ("unique_for", "unique_states", "on_conflict")
+        if getattr(opts, name) is not None
+    ]
+    raise InvalidTaskError(
+        f"{', '.join(given)} without a unique_key: these options say how a duplicate "
+        "of a key is treated, so pass one with .using(unique_key=...); nothing was enqueued"
+    )
 
 
 def _key_of(definition: TaskDefinition, args: Any, kwargs: dict[str, Any]) -> Any:
@@ -202,6 +246,8 @@ def _insert(alias: str, row: dict[str, Any]) -> tuple[int, datetime]:
     """INSERT one task; returns its id and enqueued_at (the live duplicate's, if any)."""
     if row["after"]:
         return _insert_after(alias, row)
+    if row["unique"] is not None:
+        return _insert_unique(alias, row)
     query = QUERIES["enqueue_unique" if row["unique_key"] else "enqueue"]
     with enqueue_cursor(connections[alias]) as cursor:
         cursor.execute(query, row)
@@ -215,6 +261,44 @@ def _insert(alias: str, row: dict[str, Any]) -> tuple[int, datetime]:
         # The conflicting row finished between the two statements: insert again.
         return _insert(alias, row)
     return existing[0], existing[1]
+
+
+def _insert_unique(alias: str, row: dict[str, Any]) -> tuple[int, datetime]:
+    """A call whose unique_key has options (unique_for, unique_states, on_conflict):
+    the key's advisory lock, then the duplicate it finds (kept, or replaced if queued),
+    or a new row. The lock is held to the end of the transaction, so a concurrent
+    enqueuer of the key waits for this one's commit and then sees its row (or, after a
+    rollback, inserts its own); outside a transaction one is opened for the three
+    statements (enqueue_on_commit's insert runs after the commit)."""
+    policy: UniquePolicy = row["unique"]
+    find = {
+        "unique_key": row["unique_key"],
+        "unique_states": policy.states,
+        "unique_for": policy.window,
+        "task_name": row["task_name"],
+    }
+    with (
+        transaction.atomic(using=alias, savepoint=False),
+        enqueue_cursor(connections[alias]) as cursor,
+    ):
+        cursor.execute(QUERIES["lock_unique_key"], find)
+        while True:
+            cursor.execute(QUERIES["find_unique"], find)
+            found = cursor.fetchone()
+            if found is None:
+                cursor.execute(QUERIES["enqueue_unique"], row)
+                inserted = cursor.fetchone()
+                if inserted is not None:
+                    return inserted[0], inserted[1]
+                # A live row appeared (a default enqueue takes no lock): find it.
+                continue
+            task_id, enqueued_at, replaceable = found
+            if not (policy.replace and replaceable):
+                return task_id, enqueued_at
+            cursor.execute(QUERIES["replace_unique"], {**row, "target": task_id})
+            if cursor.fetchone() is not None:
+                return task_id, enqueued_at
+            # A worker claimed it between the two statements: look again.
 
 
 def _insert_after(alias: str, row: dict[str, Any]) -> tuple[int, datetime]:
@@ -272,8 +356,9 @@ def enqueue_on_commit(definition: TaskDefinition, args: Any, kwargs: dict[str, A
 
     The block is the one on ``commit_alias`` (default: the queue's database), so a view
     writing to another database can defer the task until its own commit. With
-    ``unique_key`` the id returned is the reserved one; if a live duplicate wins at
-    commit time, the reservation is simply not used.
+    ``unique_key`` the id returned is the reserved one; if a duplicate holds the key at
+    commit time (kept or replaced, by the call's unique options), the reservation is
+    simply not used.
     """
     row = build_row(definition, args, kwargs)
     alias = database_for(row["queue"])
@@ -303,8 +388,9 @@ def enqueue_many(definition: TaskDefinition, calls: Iterable[Any]) -> list[int]:
     The options (queue, priority, run_at, ...) are validated once for the batch; each
     call's args and kwargs are checked like a single enqueue's (their size too, each
     call's against MAX_ARGS_BYTES). With a unique_key, the
-    whole batch shares it: the first call is enqueued (unless a live task holds the key)
-    and every position returns that task's id.
+    whole batch shares it: the first call is enqueued (unless a live task holds the key;
+    with on_conflict="replace", the last call, as if each replaced the one before) and
+    every position returns that task's id.
     """
     shared = build_row(definition, (), {}, key_per_call=False)
     keyed = shared["concurrency_key"] is None and definition.concurrency_key is not None
@@ -335,9 +421,10 @@ def enqueue_many(definition: TaskDefinition, calls: Iterable[Any]) -> list[int]:
             for i, (a, k) in enumerate(zip(args_list, kwargs_list, strict=True))
         ]  # fmt: skip
     if shared["unique_key"] is not None:
-        first = {**shared, "args": dumps(args_list[0]), "kwargs": dumps(kwargs_list[0])}
+        pick = -1 if shared["unique"] is not None and shared["unique"].replace else 0
+        first = {**shared, "args": dumps(args_list[pick]), "kwargs": dumps(kwargs_list[pick])}
         if keyed:
-            first["concurrency_key"] = keys_list[0]
+            first["concurrency_key"] = keys_list[pick]
         return [_insert(alias, first)[0]] * len(args_list)
     params = {
         **shared,

@@ -149,6 +149,14 @@ class Task(models.Model):
                 name="pgqueue_task_waiting",
                 condition=Q(state="waiting"),
             ),
+
+            # Unique keys with options (find_unique): every row that has a key, in any
+            # state. Rows without a key (most) are not in it.
+            models.Index(
+                fields=["unique_key", "enqueued_at"],
+                name="pgqueue_task_unique_key",
+                condition=Q(unique_key__isnull=False),
+            ),
         ]
         constraints = [
             models.UniqueConstraint(

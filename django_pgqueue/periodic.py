@@ -33,7 +33,9 @@ NAME_MAX_LENGTH = 255  # pgqueue_schedule.name
 CATCH_UP_LIMIT_MAX = 1000
 # Per-call options that a tick cannot honour: its task is due at its tick, enqueued by
 # a worker, once per tick already.
-_REFUSED_OPTIONS = ("run_at", "delay", "unique_key", "commit_alias")
+_REFUSED_OPTIONS = (
+    "run_at", "delay", "unique_key", "commit_alias", "unique_for", "unique_states", "on_conflict",
+)
 
 # @periodic(...) above @task returns the task as it was, parameters and all.
 T = TypeVar("T", bound=TaskDefinition[..., Any])

@@ -83,7 +83,20 @@ OPTION_NAMES = (
     "retry_on",
     "discard_on",
     "expires",
+    "unique_for",
+    "unique_states",
+    "on_conflict",
 )
+
+
+# Unique jobs (docs/tasks.md, "unique_key"). The live states always count: the partial
+# unique index pgqueue_task_unique_live holds at most one live row per key.
+UniqueState = Literal[
+    "scheduled", "pending", "running", "waiting", "succeeded", "failed", "cancelled"
+]
+TASK_STATES = ("scheduled", "pending", "running", "waiting", "succeeded", "failed", "cancelled")
+LIVE_STATES = TASK_STATES[:4]
+ON_CONFLICT = ("keep", "replace")
 
 
 class _HasId(Protocol):
@@ -113,6 +126,9 @@ class UsingOptions(TypedDict, total=False):
     retry_on: type[BaseException] | tuple[type[BaseException], ...] | None
     discard_on: type[BaseException] | tuple[type[BaseException], ...] | None
     expires: float | timedelta | datetime | None
+    unique_for: float | timedelta | None
+    unique_states: Iterable[UniqueState] | None
+    on_conflict: Literal["keep", "replace"] | None
 
 
 class TaskOptions(TypedDict, total=False):
@@ -132,6 +148,9 @@ class TaskOptions(TypedDict, total=False):
     retry_on: type[BaseException] | tuple[type[BaseException], ...] | None
     discard_on: type[BaseException] | tuple[type[BaseException], ...]
     expires: float | timedelta | None
+    unique_for: float | timedelta | None
+    unique_states: Iterable[UniqueState] | None
+    on_conflict: Literal["keep", "replace"] | None
 
 
 def validate_queue(queue: Any) -> str:
@@ -226,6 +245,54 @@ def validate_expires(value: Any, *, datetime_allowed: bool = True) -> float | da
             f"{MAX_SECONDS:.0f} (10 years), or an aware datetime; not {short_repr(value)}"
         )
     return float(seconds)
+
+
+def validate_unique_for(value: Any) -> float:
+    """unique_for=: seconds (a number or a timedelta), > 0."""
+    seconds = value.total_seconds() if isinstance(value, timedelta) else value
+    if not _is_number(seconds) or not 0 < seconds <= MAX_SECONDS:
+        raise InvalidTaskError(
+            f"unique_for must be a number of seconds (or a timedelta) > 0 and at most "
+            f"{MAX_SECONDS:.0f} (10 years), not {short_repr(value)}"
+        )
+    return float(seconds)
+
+
+def validate_unique_states(value: Any) -> tuple[str, ...]:
+    """unique_states=: task states, which must include every live state; returned in
+    the states' order, without repeats."""
+    if isinstance(value, str | bytes | bytearray | dict):
+        raise InvalidTaskError(
+            f"unique_states must be a list of task states, not {short_repr(value)}"
+        )
+    try:
+        states = list(value)
+    except TypeError:
+        raise InvalidTaskError(
+            f"unique_states must be a list of task states, not {short_repr(value)}"
+        ) from None
+    unknown = [state for state in states if state not in TASK_STATES]
+    if unknown:
+        raise InvalidTaskError(
+            f"unique_states: {short_repr(unknown[0])} is not a task state; use some of "
+            f"{', '.join(TASK_STATES)}"
+        )
+    missing = [state for state in LIVE_STATES if state not in states]
+    if missing:
+        raise InvalidTaskError(
+            f"unique_states must include every live state ({', '.join(LIVE_STATES)}): "
+            f"a live task always holds its key; missing {', '.join(missing)}"
+        )
+    return tuple(state for state in TASK_STATES if state in states)
+
+
+def validate_on_conflict(value: Any) -> str:
+    if value not in ON_CONFLICT:
+        raise InvalidTaskError(
+            f"on_conflict must be one of {', '.join(map(repr, ON_CONFLICT))}, "
+            f"not {short_repr(value)}"
+        )
+    return value  # type: ignore[no-any-return]
 
 
 def in_utc(moment: datetime, what: str) -> datetime:
@@ -323,6 +390,10 @@ class EnqueueOptions:
     discard_on: tuple[str, ...] | None = None
     # Expiry (docs/tasks.md): seconds after the enqueue, or a datetime.
     expires: float | datetime | None = None
+    # Unique jobs (docs/tasks.md, "unique_key"); None: the task's.
+    unique_for: float | None = None
+    unique_states: tuple[str, ...] | None = None
+    on_conflict: str | None = None
 
 
 @dataclass(frozen=True, eq=False)
@@ -357,6 +428,10 @@ class TaskDefinition(Generic[P, R]):
     discard_on: tuple[str, ...] = ()
     # Seconds after its enqueue by which a task must have started (None: no expiry).
     expires: float | None = None
+    # Unique jobs: defaults for the calls given a unique_key (docs/tasks.md).
+    unique_for: float | None = None
+    unique_states: tuple[str, ...] | None = None
+    on_conflict: str | None = None
 
     @property
     def is_async(self) -> bool:
@@ -423,6 +498,12 @@ class TaskDefinition(Generic[P, R]):
                 options[rule] = validate_exceptions(options[rule], rule)
         if options.get("expires") is not None:
             options["expires"] = validate_expires(options["expires"])
+        if options.get("unique_for") is not None:
+            options["unique_for"] = validate_unique_for(options["unique_for"])
+        if options.get("unique_states") is not None:
+            options["unique_states"] = validate_unique_states(options["unique_states"])
+        if options.get("on_conflict") is not None:
+            validate_on_conflict(options["on_conflict"])
         if "after_failure" in options and options["after_failure"] not in AFTER_FAILURE:
             raise InvalidTaskError(
                 f"after_failure must be one of {', '.join(map(repr, AFTER_FAILURE))}, "
@@ -631,6 +712,9 @@ def task(
     retry_on: type[BaseException] | tuple[type[BaseException], ...] | None = None,
     discard_on: type[BaseException] | tuple[type[BaseException], ...] = (),
     expires: float | timedelta | None = None,
+    unique_for: float | timedelta | None = None,
+    unique_states: Iterable[UniqueState] | None = None,
+    on_conflict: Literal["keep", "replace"] | None = None,
 ) -> Any:
     """Register a function as a task: ``@task`` or ``@task(queue="emails", ...)``.
 
@@ -645,7 +729,9 @@ def task(
     fails the task at once when its handler raises one of them; with ``retry_on``, only those retry
     and any other exception fails at once (docs/tasks.md, "Retrying by exception").
     ``expires`` (seconds) is the default expiry: a task not started that long after
-    its enqueue never starts (docs/tasks.md, "Expiry").
+    its enqueue never starts (docs/tasks.md, "Expiry"). ``unique_for``,
+    ``unique_states`` and ``on_conflict`` are the defaults of the calls given a
+    ``unique_key`` (docs/tasks.md, "unique_key").
     """
 
     def decorate(fn: Callable[..., Any]) -> TaskDefinition[..., Any]:
@@ -704,6 +790,11 @@ def task(
                 expires=(
                     None if expires is None else validate_expires(expires, datetime_allowed=False)
                 ),
+                unique_for=None if unique_for is None else validate_unique_for(unique_for),
+                unique_states=(
+                    None if unique_states is None else validate_unique_states(unique_states)
+                ),
+                on_conflict=None if on_conflict is None else validate_on_conflict(on_conflict),
             )
         except InvalidTaskError as exc:
             raise InvalidTaskError(f"@task on {_origin(fn)}: {exc}") from exc

@@ -110,6 +110,7 @@ if "PGQUEUE_TEST_DEAD_CONNECTION_TIMEOUT" in os.environ:
     PGQUEUE["DEAD_CONNECTION_TIMEOUT"] = float(os.environ["PGQUEUE_TEST_DEAD_CONNECTION_TIMEOUT"])
 # tests/test_sizes.py: its tasks, and the claim batch bound of the workers it starts.
 PGQUEUE["TASK_MODULES"].append("tests.size_tasks")
+PGQUEUE["TASK_MODULES"].append("tests.unique_tasks")
 if "PGQUEUE_TEST_CLAIM_BATCH_BYTES" in os.environ:
     PGQUEUE["CLAIM_BATCH_BYTES"] = int(os.environ["PGQUEUE_TEST_CLAIM_BATCH_BYTES"])
 

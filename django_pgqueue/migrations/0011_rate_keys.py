@@ -10,7 +10,7 @@ from django.db import migrations, models
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("django_pgqueue", "0009_task_expires_at"),
+        ("django_pgqueue", "0010_unique_options"),
     ]
 
     operations = [

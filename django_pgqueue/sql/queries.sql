@@ -22,6 +22,7 @@
 --                       0008) resolves a task's edges when it ends
 --   pgqueue_task_unique_live UNIQUE (unique_key) WHERE unique_key IS NOT NULL AND live
 --   pgqueue_key_rate: PRIMARY KEY (queue, key): one row per key with a per-key rate
+--   pgqueue_task_unique_key (unique_key, enqueued_at)         WHERE unique_key IS NOT NULL
 --
 -- States: 'scheduled' rows are due later and sit outside the claim's indexes; the
 -- stager makes them 'pending' when due, so every pending row is due.
@@ -122,6 +123,67 @@ SELECT id, enqueued_at
   FROM pgqueue_task
  WHERE unique_key = %(unique_key)s
    AND state IN ('scheduled', 'pending', 'running', 'waiting');
+
+
+-- name: lock_unique_key
+-- A unique_key with options (unique_for, unique_states, on_conflict; docs/tasks.md):
+-- first, in the caller's transaction, the key's advisory transaction lock (class
+-- 1885827335, object hashtext(key)), held to its commit or rollback. A concurrent
+-- enqueuer of the key waits here; READ COMMITTED gives each statement a new snapshot,
+-- so its find_unique that follows sees the first one's row once committed (and none
+-- after a rollback: it inserts its own). Keys that share a hash only take turns.
+-- Enqueues of the key without options take no lock: the live index
+-- (pgqueue_task_unique_live) arbitrates between the two kinds.
+SELECT pg_advisory_xact_lock(1885827335, hashtext(%(unique_key)s::text));
+
+
+-- name: find_unique
+-- Under lock_unique_key: the task that holds the key for this call, if any. A live
+-- one always does (at most one, by pgqueue_task_unique_live); otherwise the newest in
+-- one of unique_states enqueued within unique_for (NULL: whenever). replaceable: it is
+-- queued, has never started and is the same task (on_conflict="replace" may give it
+-- the new call's arguments). Uses pgqueue_task_unique_key (every row with a key, by
+-- enqueued_at), whatever the state.
+SELECT id, enqueued_at,
+       state IN ('scheduled', 'pending') AND started_at IS NULL
+           AND task_name = %(task_name)s::text AS replaceable
+  FROM pgqueue_task
+ WHERE unique_key = %(unique_key)s::text
+   AND (state IN ('scheduled', 'pending', 'running', 'waiting')
+        OR state = ANY (%(unique_states)s::text[])
+           AND (%(unique_for)s::interval IS NULL
+                OR enqueued_at > statement_timestamp() - %(unique_for)s::interval))
+ ORDER BY state IN ('scheduled', 'pending', 'running', 'waiting') DESC, id DESC
+ LIMIT 1;
+
+
+-- name: replace_unique
+-- on_conflict="replace": the queued duplicate find_unique found takes the new call's
+-- args, kwargs, priority, run_at (so its state: scheduled or pending, as an enqueue's),
+-- expiry and concurrency key, and keeps its id, queue, enqueued_at and other options.
+-- Only while it has never started: a claim that locked it first commits before this
+-- UPDATE goes on (READ COMMITTED re-checks the WHERE on the row as the claim left it:
+-- running, so no row returns and the caller keeps it as it is); a claim arriving while
+-- this UPDATE holds the row skips it (SKIP LOCKED) until the caller's transaction
+-- ends. By primary key. Wakes the queue when the row becomes pending.
+UPDATE pgqueue_task
+   SET args = %(args)s, kwargs = %(kwargs)s, priority = %(priority)s,
+       run_at = COALESCE(%(run_at)s, statement_timestamp() + %(delay)s),
+       state = %(state)s,
+       concurrency_key = %(concurrency_key)s,
+       expires_at = COALESCE(%(expires_at)s, statement_timestamp() + %(expires)s)
+ WHERE id = %(target)s
+   AND state IN ('scheduled', 'pending')
+   AND started_at IS NULL
+RETURNING id,
+    CASE -- the wake-up (see the header), only for a row now due
+        WHEN state <> 'pending' THEN NULL
+        WHEN NOT pg_try_advisory_xact_lock_shared(1885827328, hashtext(queue) & 63)
+            THEN pg_notify('pgqueue_' || (hashtext(queue) & 63), queue)::text
+        WHEN pg_try_advisory_lock(1885827329, hashtext(queue) & 63)
+            THEN pg_advisory_unlock(1885827329, hashtext(queue) & 63)::text
+        ELSE pg_notify('pgqueue_' || (hashtext(queue) & 63), queue)::text
+    END AS woke;
 
 
 -- name: enqueue_many

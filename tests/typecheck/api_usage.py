@@ -8,7 +8,7 @@ that stops happening fails the check as surely as an error that starts.
 """
 
 from collections.abc import Callable, Coroutine
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any, Literal, assert_type
 
 from django_pgqueue import (
@@ -45,6 +45,11 @@ def export(context: TaskContext, report_id: int) -> dict[str, int]:
 @task
 async def fetch(url: str) -> bytes:
     return b""
+
+
+@task(unique_for=3600, unique_states=["scheduled", "pending", "running", "waiting"],
+      on_conflict="replace")
+def reindex(doc_id: int) -> None: ...
 
 
 @periodic(every=60)
@@ -106,6 +111,13 @@ def correct_using() -> None:
     assert_type(send_receipt.using(run_at=datetime(2030, 1, 1)).enqueue(3), int)
     assert_type(send_receipt.using(backoff=60).using(backoff={"base": 2}).enqueue(4), int)
     assert_type(export.using(priority=1).enqueue(5), int)
+    unique = reindex.using(
+        unique_key="doc:1",
+        unique_for=timedelta(minutes=5),
+        unique_states=("scheduled", "pending", "running", "waiting", "succeeded"),
+        on_conflict="keep",
+    )
+    assert_type(unique.enqueue(1), int)
     print(same)
 
 
@@ -143,6 +155,8 @@ def wrong_options() -> None:
     send_receipt.using(delay="soon")  # type: ignore[arg-type]  # pyright: ignore[reportArgumentType]
     send_receipt.using(after_failure="ignore")  # type: ignore[arg-type]  # pyright: ignore[reportArgumentType]
     send_receipt.using(run_at="tomorrow")  # type: ignore[arg-type]  # pyright: ignore[reportArgumentType]
+    send_receipt.using(on_conflict="latest")  # type: ignore[arg-type]  # pyright: ignore[reportArgumentType]
+    send_receipt.using(unique_states=["done"])  # type: ignore[list-item]  # pyright: ignore[reportArgumentType]
 
 
 def wrong_results() -> None:
