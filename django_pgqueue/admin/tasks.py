@@ -6,11 +6,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import psycopg
 from django import forms
 from django.contrib import admin, messages
 from django.contrib.admin.models import CHANGE, DELETION, LogEntry
 from django.core.exceptions import PermissionDenied
-from django.db import transaction
+from django.db import OperationalError, connections, transaction
 from django.db.models import Count, Q, QuerySet
 from django.db.models.functions import Now
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
@@ -21,6 +22,7 @@ from django.utils import timezone
 from django.utils.html import format_html, format_html_join
 
 from django_pgqueue import operations
+from django_pgqueue.admin.bulk import bulk_action
 from django_pgqueue.admin.common import (
     EMPTY,
     _payload,
@@ -36,11 +38,14 @@ from django_pgqueue.admin.databases import (
     request_read_database,
     with_database,
 )
+from django_pgqueue.admin.enqueue import can_enqueue, enqueue_view
 from django_pgqueue.admin.input import (
     ForgedInputMixin,
     task_id,
     task_id_or_404,
 )
+from django_pgqueue.admin.search import PARAMETERS as SEARCH_PARAMETERS
+from django_pgqueue.admin.search import ContentSearchFilter, search_context, searching
 from django_pgqueue.conf import get_settings, queue_databases, read_database
 from django_pgqueue.exceptions import InvalidTaskError
 from django_pgqueue.models import (
@@ -427,11 +432,16 @@ DETAIL_BUTTONS = ("retry_now", "cancel", "cancel_hard", "requeue")
 
 
 def _action(op: Operation, description: str):
-    def action(model_admin: TaskAdmin, request: HttpRequest, queryset: QuerySet) -> None:
+    def action(
+        model_admin: TaskAdmin, request: HttpRequest, queryset: QuerySet
+    ) -> HttpResponse | None:
         # The selection (ids, or "select all" with the list's filters) is taken again on
         # the list's database itself: the list may come from a replica, whose states
         # may be behind.
         queryset = queryset.using(request_database(request))
+        if request.POST.get("select_across") == "1":
+            # Every task the list's filters match: counted, confirmed, then in batches.
+            return bulk_action(model_admin, request, queryset, op)
         # Only the rows this operation can change are read: "select all" over a big
         # history must not load a million ids to skip them.
         eligible = list(queryset.filter(state__in=op.applies_to).values_list("pk", flat=True))
@@ -450,6 +460,7 @@ def _action(op: Operation, description: str):
                 f"Left {others} selected task(s) alone: {op.label.lower()} applies to "
                 f"{', '.join(op.applies_to)} tasks only.",
             )
+        return None
 
     action.__name__ = op.name
     return admin.action(description=description, permissions=[op.permission])(action)
@@ -481,6 +492,7 @@ class TaskAdmin(ForgedInputMixin, admin.ModelAdmin):
         "handler_version",
         DueFilter,
         WaitReasonFilter,
+        ContentSearchFilter,
     )
     search_fields = ("unique_key",)  # see get_search_results: exact id or unique key
     search_help_text = "An exact task id (123 or #123) or unique key."
@@ -814,7 +826,17 @@ class TaskAdmin(ForgedInputMixin, admin.ModelAdmin):
             self.admin_site.admin_view(self.signal_view),
             name="django_pgqueue_task_signal",
         )
-        return [operate, send_signal, *urls]
+        enqueue_task = path(
+            "enqueue/",
+            self.admin_site.admin_view(self.enqueue_view),
+            name="django_pgqueue_task_enqueue",
+        )
+        return [enqueue_task, operate, send_signal, *urls]
+
+    def enqueue_view(self, request: HttpRequest) -> HttpResponse:
+        """Enqueue a registered task with JSON arguments (admin/enqueue.py). Needs
+        ``add_task``."""
+        return enqueue_view(self, request)
 
     def signal_view(self, request: HttpRequest, object_id: str) -> HttpResponse:
         """Send signal: GET shows the form, POST sends it (``operations.signal``,
@@ -931,8 +953,49 @@ class TaskAdmin(ForgedInputMixin, admin.ModelAdmin):
             **(extra_context or {}),
             "pgqueue_overview_url": overview_url,
             "pgqueue_read_database": _replica_of(request),
+            "pgqueue_enqueue_url": (
+                with_database(_url(self, "task_enqueue"), request_database(request))
+                if can_enqueue(request)
+                else None
+            ),
         }
-        return super().changelist_view(request, context)
+        if request.method != "GET" or not searching(request):
+            response = super().changelist_view(request, context)
+            self._add_search_form(request, response)
+            return response
+        # A search by content reads a window of rows with no index: bounded in rows
+        # (ADMIN_SEARCH_ROWS) and in time (ADMIN_SEARCH_TIMEOUT), on the read database.
+        using = request_read_database(request)
+        timeout_ms = int(get_settings().ADMIN_SEARCH_TIMEOUT * 1000)
+        try:
+            with transaction.atomic(using=using), connections[using].cursor() as cursor:
+                cursor.execute(
+                    "SELECT set_config('statement_timeout', %s, true)", [str(timeout_ms)]
+                )
+                response = super().changelist_view(request, context)
+                self._add_search_form(request, response)
+                if hasattr(response, "render"):
+                    response.render()
+        except OperationalError as exc:
+            if not isinstance(exc.__cause__, psycopg.errors.QueryCanceled):
+                raise
+            messages.error(
+                request,
+                f"The search took longer than {get_settings().ADMIN_SEARCH_TIMEOUT:g} s "
+                "(ADMIN_SEARCH_TIMEOUT) and was stopped. Narrow it: a state, a queue, a "
+                "task name or a date, or a smaller ADMIN_SEARCH_ROWS.",
+            )
+            # The list again without the content search, so the page still opens.
+            query = request.GET.copy()
+            for name in SEARCH_PARAMETERS:
+                query.pop(name, None)
+            return HttpResponseRedirect(f"{request.path}?{query.urlencode()}")
+        return response
+
+    def _add_search_form(self, request: HttpRequest, response: HttpResponse) -> None:
+        changelist = getattr(response, "context_data", {}).get("cl")
+        if changelist is not None:
+            response.context_data["pgqueue_search"] = search_context(request, changelist)
 
     # -- audit trail ------------------------------------------------------------------
     def log(self, request: HttpRequest, tasks: list, flag: int, message: str) -> None:

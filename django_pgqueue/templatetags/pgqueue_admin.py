@@ -119,3 +119,26 @@ def _range(first: datetime.date, last: datetime.date, step) -> list[datetime.dat
         values.append(current)
         current = step(current)
     return values
+
+
+SHORT_NAME_MAX = 28
+
+
+def short_name(name: str, limit: int = SHORT_NAME_MAX) -> str:
+    """A long dotted task name cut from the left at a dot, ``…tasks.sync_order``; the
+    last part is always kept whole."""
+    if len(name) <= limit or "." not in name:
+        return name
+    parts = name.split(".")
+    kept = parts[-1]
+    for part in reversed(parts[:-1]):
+        if len(part) + 1 + len(kept) + 1 > limit:
+            break
+        kept = f"{part}.{kept}"
+    return f"…{kept}"
+
+
+@register.filter
+def pgqueue_short_name(name: str) -> str:
+    """``short_name`` for templates (the full name goes in a title)."""
+    return short_name(name)
