@@ -108,7 +108,7 @@ def _confirmation(
             f"and {op.label.lower()} applies to those only.",
         )
         return None
-    others = queryset.filter(pk__lte=upto).count() - count
+    others = queryset.count() - count
     context = {
         **model_admin.admin_site.each_context(request),
         "title": f"{op.label}: {count} task{'s' if count != 1 else ''}",

@@ -76,6 +76,7 @@ class ContentSearchFilter(admin.ListFilter):
         super().__init__(request, params, model, model_admin)
         self.request = request
         self.values: dict[str, str] = {}
+        self.window: Window | None = None
         for name in PARAMETERS:
             if name in params:
                 value = params.pop(name)
@@ -126,6 +127,7 @@ class ContentSearchFilter(admin.ListFilter):
         low = max(1, below - rows)
         window = Window(low=low, below=below, rows=rows, terms=terms, refused=refused)
         request.pgqueue_search = window  # type: ignore[attr-defined]
+        self.window = window
         for reason in refused:
             messages.error(request, f"Search: {reason}. Nothing was searched.")
         if refused:

@@ -250,6 +250,39 @@ class TaskNameFilter(admin.SimpleListFilter):
         return queryset.filter(task_name=self.value()) if self.value() else queryset
 
 
+class HandlerVersionFilter(admin.SimpleListFilter):
+    """Handler versions from the code and the workers' routes, not a DISTINCT over the
+    table (which read every row of the history: seconds on 10,000,000 rows)."""
+
+    title = "handler version"
+    parameter_name = "handler_version"
+    ALSO = "handler_version__exact"  # the name of Django's field filter, kept working
+
+    def __init__(self, request, params, model, model_admin):
+        if self.ALSO in params and self.parameter_name not in params:
+            params[self.parameter_name] = params.pop(self.ALSO)
+        params.pop(self.ALSO, None)
+        super().__init__(request, params, model, model_admin)
+
+    def expected_parameters(self):
+        return [self.parameter_name, self.ALSO]
+
+    def lookups(self, request, model_admin):
+        values = {d.version for d in registry.all()}
+        for routes in Worker.objects.using(read_database()).values_list("routes", flat=True):
+            values.update(route[1] for route in routes or [] if isinstance(route[1], int))
+        current = task_id(self.value() or "")
+        if current is not None:
+            values.add(current)
+        return [(str(v), f"v{v}") for v in sorted(values)]
+
+    def queryset(self, request, queryset):
+        if not self.value():
+            return queryset
+        version = task_id(self.value())
+        return queryset.filter(handler_version=version) if version else queryset.none()
+
+
 class WaitReasonFilter(admin.SimpleListFilter):
     """Waiting tasks by what they wait for (through pgqueue_task_waiting)."""
 
@@ -489,7 +522,7 @@ class TaskAdmin(ForgedInputMixin, admin.ModelAdmin):
         "state",
         QueueFilter,
         TaskNameFilter,
-        "handler_version",
+        HandlerVersionFilter,
         DueFilter,
         WaitReasonFilter,
         ContentSearchFilter,
