@@ -177,6 +177,14 @@ def group_by_queue(
             group.paused, group.paused_tasks = pause["paused"], pause["paused_tasks"]
             group.paused_at = pause["paused_at"]
     for group in groups.values():
+        for row in group.rows:
+            if (group.paused or row["task_name"] in group.paused_tasks) and not group.workers:
+                # Paused, and no live worker serves the queue (often so while it is
+                # paused): nothing says a worker would lack the task, and no claim would
+                # take it anyway. Its due tasks are held by the pause, not "unroutable".
+                # (With live workers that lack the task, they stay unroutable.)
+                row["pending_routable"] += row["pending_unroutable"]
+                row["pending_unroutable"] = 0
         group.limit = limits.get(group.name)
         group.totals = _totals(group.rows)
         group.held_by = _queue_holds(group, pauses.get(group.name, {}).get("rate_tat_in"))
@@ -184,13 +192,6 @@ def group_by_queue(
         for row in group.rows:
             row["paused"] = row["task_name"] in group.paused_tasks
             row["held_by"] = [*group.held_by, *(["task_paused"] if row["paused"] else [])]
-            if (group.paused or row["paused"]) and not group.workers:
-                # Paused, and no live worker serves the queue (often the case while it
-                # is paused): nothing says a worker would lack the task, and no claim
-                # would take it anyway. Its due tasks are held by the pause, not
-                # "unroutable". (With live workers that lack it, they stay unroutable.)
-                row["pending_routable"] += row["pending_unroutable"]
-                row["pending_unroutable"] = 0
             row["throttled"] = row["pending_routable"] if row["held_by"] else 0
             row["why"] = why_it_waits(row)
             if not row["held_by"] and row["oldest_due_seconds"] is not None:

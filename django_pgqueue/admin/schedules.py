@@ -37,6 +37,7 @@ from django_pgqueue.admin.input import ForgedInputMixin
 from django_pgqueue.exceptions import InvalidTaskError
 from django_pgqueue.models import Schedule
 from django_pgqueue.periodic import ScheduleDefinition, next_tick, run_now, schedule_registry
+from django_pgqueue.templatetags.pgqueue_admin import short_name
 
 EMPTY = "-"
 
@@ -89,7 +90,8 @@ class ScheduleAdmin(ForgedInputMixin, admin.ModelAdmin):
     @admin.display(description="task", ordering="task_name")
     def task_display(self, obj: Schedule) -> str:
         declared = self._declared(obj)
-        return declared.task.name if declared else obj.task_name
+        name = declared.task.name if declared else obj.task_name
+        return format_html('<span title="{}">{}</span>', name, short_name(name))
 
     @admin.display(description="schedule")
     def schedule_display(self, obj: Schedule) -> str:

@@ -30,6 +30,7 @@ from django_pgqueue.admin.common import (
     _replica_of,
     _state_html,
     _url,
+    relative_time,
 )
 from django_pgqueue.admin.databases import (
     DatabaseFilter,
@@ -59,6 +60,7 @@ from django_pgqueue.models import (
 from django_pgqueue.overview import WAIT_REASONS, humanize_seconds
 from django_pgqueue.payload import parse_json
 from django_pgqueue.registry import registry
+from django_pgqueue.templatetags.pgqueue_admin import short_name
 
 # Dependency edges listed on a task's page, each way: a chord's callback may wait for
 # 10,000 parents, and its page reads the first 100 (and counts the rest).
@@ -504,19 +506,20 @@ def _action(op: Operation, description: str):
 
 @admin.register(Task)
 class TaskAdmin(ForgedInputMixin, admin.ModelAdmin):
+    # Compact, to fit a 1,400 px window beside the filters: a long dotted name is
+    # shortened (full on hover), the handler version goes with it, and the times are
+    # relative (the timestamp on hover); run at and expiry share a column.
     list_display = (
         "id",
-        "task_name",
-        "handler_version",
+        "name_display",
         "queue",
-        "state_display",
+        "state_list_display",
         "attempts",
         "priority",
-        "run_at",
-        "expires_at",
+        "run_at_display",
         "age",
     )
-    list_display_links = ("id", "task_name")
+    list_display_links = ("id", "name_display")
     list_filter = (
         DatabaseFilter,
         "state",
@@ -671,6 +674,42 @@ class TaskAdmin(ForgedInputMixin, admin.ModelAdmin):
         if obj.cancel_requested and obj.state == TaskState.RUNNING:
             label = "running (cancel requested)"
         return _state_html(obj.state, label)
+
+    @admin.display(description="task name", ordering="task_name")
+    def name_display(self, obj: Task) -> str:
+        return format_html(
+            '<span class="pgqueue-name" title="{}">{}</span> <span class="quiet" '
+            'title="handler version">v{}</span>',
+            obj.task_name,
+            short_name(obj.task_name),
+            obj.handler_version,
+        )
+
+    @admin.display(description="state", ordering="state")
+    def state_list_display(self, obj: Task) -> str:
+        """The state, and for a waiting task what it waits for."""
+        state = self.state_display(obj)
+        if obj.state != TaskState.WAITING:
+            return state
+        if obj.wait_reason == "parents":
+            why = f"its parents ({obj.parents_pending} not ended)"
+        elif obj.wait_reason == "signal":
+            why = f"the signal {obj.wait_signal}"
+        elif obj.wait_reason == "child":
+            why = f"{obj.parents_pending} task(s) it suspended on"
+        else:
+            why = obj.wait_reason or "?"
+        return format_html('{}<div class="pgqueue-why">waits for {}</div>', state, why)
+
+    @admin.display(description="run at", ordering="run_at")
+    def run_at_display(self, obj: Task) -> str:
+        """run_at relative to now (the timestamp on hover), and the expiry if any."""
+        run = relative_time(obj.run_at)
+        if obj.expires_at is None:
+            return run
+        return format_html(
+            '{}<div class="quiet">expires {}</div>', run, relative_time(obj.expires_at)
+        )
 
     @admin.display(description="attempts")
     def attempts(self, obj: Task) -> str:
