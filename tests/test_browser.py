@@ -315,7 +315,11 @@ def test_an_operator_searches_by_kwargs_and_retries_every_match_after_the_count(
 ):
     make_staff(django_user_model, "operator", "view_task", "change_task")
     dead = dict(state="failed", attempt=3, finished_at=timezone.now())
-    matches = [TaskFactory(kwargs={"order_id": 42, "n": n}, **dead) for n in range(3)]
+    # More matches than a page shows (100), so that "Select all 105" is offered.
+    matches = Task.objects.bulk_create(
+        Task(task_name="tests.tasks.noop", kwargs={"order_id": 42, "n": n}, **dead)
+        for n in range(105)
+    )
     TaskFactory(kwargs={"order_id": 43}, **dead)
     page = browser_context.new_page()
     log_in(page, live_server.url, "operator")
@@ -325,22 +329,22 @@ def test_an_operator_searches_by_kwargs_and_retries_every_match_after_the_count(
     page.click('#pgqueue-content-search input[type="submit"]')
     page.wait_for_selector("#pgqueue-search-window")
     ids = {int(a) for a in page.locator("#result_list tbody th a").all_inner_texts()}
-    assert ids == {t.pk for t in matches}
+    assert ids == {t.pk for t in matches[-100:]}  # the newest first
     assert "Searched tasks #1 to" in page.inner_text("#pgqueue-search-window")
 
     # Select every match, retry: a count to confirm first, then the work.
     page.check("#action-toggle")
-    if page.is_visible("div.actions span.question a"):
-        page.click("div.actions span.question a")
+    page.click("div.actions span.question a")  # "Select all 105 tasks"
     page.select_option('select[name="action"]', "retry_now")
     page.click('button[name="index"]')
     page.wait_for_selector("#pgqueue-bulk-count")
-    assert page.get_attribute("#pgqueue-bulk-count", "data-count") == "3"
-    assert Task.objects.filter(state="failed").count() == 4  # nothing yet
+    assert page.get_attribute("#pgqueue-bulk-count", "data-count") == "105"
+    assert Task.objects.filter(state="failed").count() == 106  # nothing yet
     page.screenshot(path=str(ARTIFACTS / "admin-bulk-confirm.png"), full_page=True)
     assert_fits(page, "bulk confirmation")
     page.click("#pgqueue-bulk-confirm")
     page.wait_for_selector("ul.messagelist")
-    assert "3 tasks done in 1 batch" in page.inner_text("ul.messagelist")
-    assert set(Task.objects.filter(pk__in=ids).values_list("state", flat=True)) == {"pending"}
+    assert "105 tasks done in 1 batch" in page.inner_text("ul.messagelist")
+    retried = Task.objects.filter(pk__in=[t.pk for t in matches])
+    assert set(retried.values_list("state", flat=True)) == {"pending"}
     assert Task.objects.filter(state="failed").count() == 1
