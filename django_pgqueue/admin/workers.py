@@ -10,7 +10,7 @@ from django.db.models import QuerySet
 from django.db.models.functions import Now
 from django.http import HttpRequest, HttpResponse
 from django.utils import timezone
-from django.utils.html import format_html, format_html_join
+from django.utils.html import format_html
 from django.utils.safestring import mark_safe
 
 from django_pgqueue.admin.common import (
@@ -92,10 +92,13 @@ class WorkerAdmin(ForgedInputMixin, admin.ModelAdmin):
     @admin.display(description="tasks (versions)")
     def routes_display(self, obj: Worker) -> str:
         # A long dotted name is shortened, in full on hover.
-        return format_html_join(
-            ", ",
-            '<code title="{}">{}@{}</code>',
-            ((name, short_name(name), version) for name, version in obj.routes or []),
+        return mark_safe(
+            ", ".join(
+                format_html("<code>{}@{}</code>", name, version)
+                if short_name(name) == name
+                else format_html('<code title="{}">{}@{}</code>', name, short_name(name), version)
+                for name, version in obj.routes or []
+            )
         )
 
     @admin.display(description="slots", ordering="concurrency")
