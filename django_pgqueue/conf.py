@@ -439,6 +439,18 @@ SETTINGS: tuple[Setting, ...] = (
         "Whether the admin's task pages show what the tasks' code put in a row: args, "
         "kwargs, result, checkpoint, progress and the signals' payloads (docs/security.md).",
     ),
+    Setting(
+        "ADMIN_SEARCH_ROWS", 1_000_000, int,
+        "How many task ids one search of the task list by args, kwargs, metadata or error "
+        "text reads: the newest, or those below the page's search_below (docs/admin.md).",
+        minimum=1000,
+    ),
+    Setting(
+        "ADMIN_SEARCH_TIMEOUT", 10.0, float,
+        "Seconds the task list's reads may take while it searches by content "
+        "(statement_timeout); a slower search stops and says so (docs/admin.md).",
+        above=0,
+    ),
     # -- retention ---------------------------------------------------------------------
     Setting(
         "RESULT_TTL", 24 * 3600.0, float,

@@ -139,6 +139,20 @@ def _queue_holds(group: QueueGroup, rate_tat_in: float | None) -> list[str]:
     return held
 
 
+def row_key(database: str | None, queue: str, task_name: str = "", version: int = 0) -> str:
+    """The admin overview's key of a queue's row (no task) or a task's row."""
+    return "|".join((database or "", queue, task_name, str(version) if task_name else ""))
+
+
+def why_it_waits(row: dict[str, Any]) -> str:
+    """Why a row's due tasks are not running, in words ("" when nothing holds them):
+    what holds them back (HOLDS), or no live worker registered for them."""
+    reasons = [HOLDS[key] for key in row["held_by"]] if row["pending_routable"] else []
+    if row["pending_unroutable"]:
+        reasons.append("no live worker has this task and version")
+    return "; ".join(reasons)
+
+
 def group_by_queue(
     overview: list[dict[str, Any]],
     capacity: list[dict[str, Any]],
@@ -163,6 +177,14 @@ def group_by_queue(
             group.paused, group.paused_tasks = pause["paused"], pause["paused_tasks"]
             group.paused_at = pause["paused_at"]
     for group in groups.values():
+        for row in group.rows:
+            if (group.paused or row["task_name"] in group.paused_tasks) and not group.workers:
+                # Paused, and no live worker serves the queue (often so while it is
+                # paused): nothing says a worker would lack the task, and no claim would
+                # take it anyway. Its due tasks are held by the pause, not "unroutable".
+                # (With live workers that lack the task, they stay unroutable.)
+                row["pending_routable"] += row["pending_unroutable"]
+                row["pending_unroutable"] = 0
         group.limit = limits.get(group.name)
         group.totals = _totals(group.rows)
         group.held_by = _queue_holds(group, pauses.get(group.name, {}).get("rate_tat_in"))
@@ -171,6 +193,7 @@ def group_by_queue(
             row["paused"] = row["task_name"] in group.paused_tasks
             row["held_by"] = [*group.held_by, *(["task_paused"] if row["paused"] else [])]
             row["throttled"] = row["pending_routable"] if row["held_by"] else 0
+            row["why"] = why_it_waits(row)
             if not row["held_by"] and row["oldest_due_seconds"] is not None:
                 unthrottled_ages.append(row["oldest_due_seconds"])
         group.totals["throttled"] = sum(row["throttled"] for row in group.rows)
@@ -292,13 +315,14 @@ def merged_history(minutes: int) -> list[dict[str, Any]]:
     return history
 
 
-def build_overview(minutes: int = 60) -> dict[str, Any]:
+def build_overview(minutes: int = 60, chart: bool = True) -> dict[str, Any]:
     """Everything the overview page shows, with how long the reads took: the queues of
-    every database (PGQUEUE['DATABASES']), each group naming its ``database``."""
+    every database (PGQUEUE['DATABASES']), each group naming its ``database``.
+    ``chart=False`` leaves the last ``minutes``' history out (no ``queue_history``)."""
     started = time.perf_counter()
     replica_lag = operations.replica_lag()
     queues = all_groups()
-    history = merged_history(minutes)
+    history = merged_history(minutes) if chart else []
     elapsed_ms = (time.perf_counter() - started) * 1000
     totals = _totals([row for queue in queues for row in queue.rows])
     totals["throttled"] = sum(queue.totals["throttled"] for queue in queues)

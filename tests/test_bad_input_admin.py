@@ -276,19 +276,21 @@ def test_a_button_on_a_forged_task_id_is_not_found(admin_client, object_id):
 
 
 @pytest.mark.parametrize("refresh", ["²", "9" * 5000, "1", "86401", "abc"])
-def test_an_overview_refresh_that_is_no_interval_turns_the_reload_off(admin_client, refresh):
+def test_an_overview_refresh_that_is_no_interval_keeps_the_default(admin_client, refresh):
     response = admin_client.get(reverse("admin:django_pgqueue_queueoverview_changelist"),
                                 {"refresh": refresh})  # fmt: skip
 
     assert (response.status_code, response.context["refresh"]) == (200, None)
+    assert b'data-every="10"' in response.content
 
 
-def test_an_overview_refresh_of_whole_seconds_reloads_the_page(admin_client):
+def test_an_overview_refresh_of_whole_seconds_sets_the_in_place_refresh_interval(admin_client):
     response = admin_client.get(reverse("admin:django_pgqueue_queueoverview_changelist"),
-                                {"refresh": "10"})  # fmt: skip
+                                {"refresh": "30"})  # fmt: skip
 
-    assert response.context["refresh"] == 10
-    assert b'<meta http-equiv="refresh" content="10">' in response.content
+    assert response.context["refresh"] == 30
+    assert b'data-every="30"' in response.content
+    assert b'http-equiv="refresh"' not in response.content  # counts refresh, no reload
 
 
 @pytest.mark.parametrize(

@@ -358,16 +358,19 @@ def test_an_action_on_all_rows_of_a_filter_selects_them_again_on_the_primary(rep
     with replica.replay_paused():
         ids.append(PrimaryTaskFactory(**dead).pk)
 
-        # When an operator retries "all" of the list filtered on failed
+        # When an operator retries "all" of the list filtered on failed, and confirms
+        select_all = {"action": "retry_now", "select_across": "1", "index": "0",
+                      "_selected_action": ids[:1]}  # fmt: skip
+        count = admin_client.post(f"{TASKS}?state__exact=failed", select_all)
         response = admin_client.post(
             f"{TASKS}?state__exact=failed",
-            {"action": "retry_now", "select_across": "1", "index": "0",
-             "_selected_action": ids[:1]},
+            {**select_all, "pgqueue_confirm": "yes", "pgqueue_upto": count.context["upto"]},
             follow=True,
-        )  # fmt: skip
+        )
 
-        # Then "all" is every dead letter on the primary, the third too
-        assert "Retried 3 tasks." in messages_of(response)
+        # Then "all" is every dead letter on the primary, the third too: counted, and done
+        assert count.context["count"] == 3
+        assert "Retry now: 3 tasks done in 1 batch of up to 1000." in messages_of(response)
         assert [primary_state(i) for i in ids] == ["pending"] * 3
 
 

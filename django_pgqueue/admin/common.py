@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import json
+from datetime import datetime
 from typing import Any
 
 from django.contrib import admin
 from django.http import HttpRequest
 from django.urls import reverse
+from django.utils import timezone
 from django.utils.html import format_html
 from django.utils.safestring import mark_safe
 
@@ -18,6 +20,7 @@ from django_pgqueue.conf import get_settings, queue_databases
 from django_pgqueue.models import (
     TaskState,
 )
+from django_pgqueue.overview import humanize_seconds
 
 JSON_DISPLAY_LIMIT = 100_000  # characters of a payload shown on the detail page
 EMPTY = "-"
@@ -85,3 +88,13 @@ def _replica_of(request: HttpRequest) -> str | None:
     if request_database(request) != queue_databases()[0]:
         return None
     return get_settings().READ_DATABASE
+
+
+def relative_time(moment: datetime | None) -> str:
+    """``in 4m 10s`` or ``3m 05s ago``, with the timestamp as its title."""
+    if moment is None:
+        return EMPTY
+    seconds = (moment - timezone.now()).total_seconds()
+    ago = humanize_seconds(abs(seconds))
+    words = f"in {ago}" if seconds >= 0 else f"{ago} ago"
+    return format_html('<span title="{}">{}</span>', moment.isoformat(timespec="seconds"), words)

@@ -8,7 +8,7 @@ from urllib.parse import urlencode
 from django.contrib import admin, messages
 from django.contrib.admin.models import CHANGE, LogEntry
 from django.core.exceptions import PermissionDenied
-from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
+from django.http import HttpRequest, HttpResponse, HttpResponseRedirect, JsonResponse
 from django.template.response import TemplateResponse
 from django.urls import path
 
@@ -27,7 +27,7 @@ from django_pgqueue.models import (
     Queue,
     QueueOverview,
 )
-from django_pgqueue.overview import build_overview
+from django_pgqueue.overview import build_overview, humanize_seconds, row_key
 
 
 @admin.register(QueueOverview)
@@ -52,7 +52,21 @@ class QueueOverviewAdmin(admin.ModelAdmin):
             self.admin_site.admin_view(self.pause_view),
             name="django_pgqueue_queueoverview_pause",
         )
-        return [pause, *super().get_urls()]
+        data = path(
+            "data/",
+            self.admin_site.admin_view(self.data_view),
+            name="django_pgqueue_queueoverview_data",
+        )
+        return [pause, data, *super().get_urls()]
+
+    def data_view(self, request: HttpRequest) -> JsonResponse:
+        """The overview's numbers as JSON, for the page to refresh itself in place:
+        the cards' totals, each queue's totals and each row's counts, keyed as the
+        page's rows are (``data-key``). The same reads as the page, without the chart;
+        the same permission (``view_task``)."""
+        if not self.has_view_permission(request):
+            raise PermissionDenied
+        return JsonResponse(overview_data(), json_dumps_params={"separators": (",", ":")})
 
     def pause_view(self, request: HttpRequest) -> HttpResponse:
         """The overview's Pause / Resume buttons: POST queue, task_name (optional) and
@@ -116,6 +130,7 @@ class QueueOverviewAdmin(admin.ModelAdmin):
         context = {
             **self.admin_site.each_context(request),
             **overview,
+            "data_url": _url(self, "queueoverview_data"),
             "title": "Queue overview",
             "opts": self.model._meta,
             "refresh": refresh_seconds(refresh),
@@ -126,3 +141,55 @@ class QueueOverviewAdmin(admin.ModelAdmin):
             **(extra_context or {}),
         }
         return TemplateResponse(request, "admin/django_pgqueue/overview.html", context)
+
+
+# The counts a row of the page shows (its td[data-count]), refreshed in place.
+ROW_COUNTS = (
+    "pending_routable",
+    "pending_unroutable",
+    "throttled",
+    "scheduled",
+    "running",
+    "waiting",
+    "failed",
+    "completed_5m",
+    "completed_1h",
+    "failed_5m",
+    "failed_1h",
+)
+TOTALS = ("pending_routable", "pending_unroutable", "throttled", "running", "waiting", "failed")
+
+
+def overview_data() -> dict[str, Any]:
+    """What ``data_view`` sends: small, numbers only (a few hundred bytes a row)."""
+    overview = build_overview(chart=False)
+    rows, queues = {}, {}
+    for queue in overview["queues"]:
+        queues[row_key(queue.database, queue.name)] = {
+            **{name: queue.totals[name] for name in ROW_COUNTS},
+            "oldest_due": humanize_seconds(queue.totals["oldest_due_seconds"]),
+            "paused": queue.paused,
+            "held_by": queue.held_by,
+        }
+        for row in queue.rows:
+            key = row_key(queue.database, queue.name, row["task_name"], row["handler_version"])
+            rows[key] = {
+                **{name: row[name] for name in ROW_COUNTS},
+                "oldest_due": humanize_seconds(row["oldest_due_seconds"]),
+                "paused": row["paused"],
+                "why": row["why"],
+            }
+    totals = overview["totals"]
+    return {
+        "generated_at": overview["generated_at"].isoformat(timespec="seconds"),
+        "read_ms": overview["read_ms"],
+        "totals": {
+            "due": totals["pending_routable"] + totals["pending_unroutable"],
+            **{name: totals[name] for name in TOTALS},
+            "oldest_due": humanize_seconds(totals["oldest_due_seconds"]),
+            "workers": totals["workers"],
+            "slots": totals["slots"],
+        },
+        "queues": queues,
+        "rows": rows,
+    }

@@ -54,6 +54,7 @@ from django_pgqueue.runtime_schedules import (
     runtime_definition,
     update_schedule,
 )
+from django_pgqueue.templatetags.pgqueue_admin import short_name
 
 EMPTY = "-"
 MISSED_CHOICES = [("once", "once"), ("skip", "skip"), ("all", "all")]
@@ -238,7 +239,8 @@ class ScheduleAdmin(ForgedInputMixin, admin.ModelAdmin):
     @admin.display(description="task", ordering="task_name")
     def task_display(self, obj: Schedule) -> str:
         declared = self._declared(obj)
-        return declared.task.name if declared else obj.task_name
+        name = declared.task.name if declared else obj.task_name
+        return format_html('<span title="{}">{}</span>', name, short_name(name))
 
     @admin.display(description="schedule")
     def schedule_display(self, obj: Schedule) -> str:

@@ -6,11 +6,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import psycopg
 from django import forms
 from django.contrib import admin, messages
 from django.contrib.admin.models import CHANGE, DELETION, LogEntry
 from django.core.exceptions import PermissionDenied
-from django.db import transaction
+from django.db import OperationalError, connections, transaction
 from django.db.models import Count, Q, QuerySet
 from django.db.models.functions import Now
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
@@ -21,6 +22,7 @@ from django.utils import timezone
 from django.utils.html import format_html, format_html_join
 
 from django_pgqueue import operations
+from django_pgqueue.admin.bulk import bulk_action
 from django_pgqueue.admin.common import (
     EMPTY,
     _payload,
@@ -28,6 +30,7 @@ from django_pgqueue.admin.common import (
     _replica_of,
     _state_html,
     _url,
+    relative_time,
 )
 from django_pgqueue.admin.databases import (
     DatabaseFilter,
@@ -36,11 +39,14 @@ from django_pgqueue.admin.databases import (
     request_read_database,
     with_database,
 )
+from django_pgqueue.admin.enqueue import can_enqueue, enqueue_view
 from django_pgqueue.admin.input import (
     ForgedInputMixin,
     task_id,
     task_id_or_404,
 )
+from django_pgqueue.admin.search import PARAMETERS as SEARCH_PARAMETERS
+from django_pgqueue.admin.search import ContentSearchFilter, search_context, searching
 from django_pgqueue.conf import get_settings, queue_databases, read_database
 from django_pgqueue.exceptions import InvalidTaskError
 from django_pgqueue.models import (
@@ -54,6 +60,7 @@ from django_pgqueue.models import (
 from django_pgqueue.overview import WAIT_REASONS, humanize_seconds
 from django_pgqueue.payload import parse_json
 from django_pgqueue.registry import registry
+from django_pgqueue.templatetags.pgqueue_admin import short_name
 
 # Dependency edges listed on a task's page, each way: a chord's callback may wait for
 # 10,000 parents, and its page reads the first 100 (and counts the rest).
@@ -245,6 +252,39 @@ class TaskNameFilter(admin.SimpleListFilter):
         return queryset.filter(task_name=self.value()) if self.value() else queryset
 
 
+class HandlerVersionFilter(admin.SimpleListFilter):
+    """Handler versions from the code and the workers' routes, not a DISTINCT over the
+    table (which read every row of the history: seconds on 10,000,000 rows)."""
+
+    title = "handler version"
+    parameter_name = "handler_version"
+    ALSO = "handler_version__exact"  # the name of Django's field filter, kept working
+
+    def __init__(self, request, params, model, model_admin):
+        if self.ALSO in params and self.parameter_name not in params:
+            params[self.parameter_name] = params.pop(self.ALSO)
+        params.pop(self.ALSO, None)
+        super().__init__(request, params, model, model_admin)
+
+    def expected_parameters(self):
+        return [self.parameter_name, self.ALSO]
+
+    def lookups(self, request, model_admin):
+        values = {d.version for d in registry.all()}
+        for routes in Worker.objects.using(read_database()).values_list("routes", flat=True):
+            values.update(route[1] for route in routes or [] if isinstance(route[1], int))
+        current = task_id(self.value() or "")
+        if current is not None:
+            values.add(current)
+        return [(str(v), f"v{v}") for v in sorted(values)]
+
+    def queryset(self, request, queryset):
+        if not self.value():
+            return queryset
+        version = task_id(self.value())
+        return queryset.filter(handler_version=version) if version else queryset.none()
+
+
 class WaitReasonFilter(admin.SimpleListFilter):
     """Waiting tasks by what they wait for (through pgqueue_task_waiting)."""
 
@@ -427,11 +467,16 @@ DETAIL_BUTTONS = ("retry_now", "cancel", "cancel_hard", "requeue")
 
 
 def _action(op: Operation, description: str):
-    def action(model_admin: TaskAdmin, request: HttpRequest, queryset: QuerySet) -> None:
+    def action(
+        model_admin: TaskAdmin, request: HttpRequest, queryset: QuerySet
+    ) -> HttpResponse | None:
         # The selection (ids, or "select all" with the list's filters) is taken again on
         # the list's database itself: the list may come from a replica, whose states
         # may be behind.
         queryset = queryset.using(request_database(request))
+        if request.POST.get("select_across") == "1":
+            # Every task the list's filters match: counted, confirmed, then in batches.
+            return bulk_action(model_admin, request, queryset, op)
         # Only the rows this operation can change are read: "select all" over a big
         # history must not load a million ids to skip them.
         eligible = list(queryset.filter(state__in=op.applies_to).values_list("pk", flat=True))
@@ -450,6 +495,7 @@ def _action(op: Operation, description: str):
                 f"Left {others} selected task(s) alone: {op.label.lower()} applies to "
                 f"{', '.join(op.applies_to)} tasks only.",
             )
+        return None
 
     action.__name__ = op.name
     return admin.action(description=description, permissions=[op.permission])(action)
@@ -460,27 +506,29 @@ def _action(op: Operation, description: str):
 
 @admin.register(Task)
 class TaskAdmin(ForgedInputMixin, admin.ModelAdmin):
+    # Compact, to fit a 1,400 px window beside the filters: a long dotted name is
+    # shortened (full on hover), the handler version goes with it, and the times are
+    # relative (the timestamp on hover); run at and expiry share a column.
     list_display = (
         "id",
-        "task_name",
-        "handler_version",
+        "name_display",
         "queue",
-        "state_display",
+        "state_list_display",
         "attempts",
         "priority",
-        "run_at",
-        "expires_at",
+        "run_at_display",
         "age",
     )
-    list_display_links = ("id", "task_name")
+    list_display_links = ("id", "name_display")
     list_filter = (
         DatabaseFilter,
         "state",
         QueueFilter,
         TaskNameFilter,
-        "handler_version",
+        HandlerVersionFilter,
         DueFilter,
         WaitReasonFilter,
+        ContentSearchFilter,
     )
     search_fields = ("unique_key",)  # see get_search_results: exact id or unique key
     search_help_text = "An exact task id (123 or #123) or unique key."
@@ -626,6 +674,42 @@ class TaskAdmin(ForgedInputMixin, admin.ModelAdmin):
         if obj.cancel_requested and obj.state == TaskState.RUNNING:
             label = "running (cancel requested)"
         return _state_html(obj.state, label)
+
+    @admin.display(description="task name", ordering="task_name")
+    def name_display(self, obj: Task) -> str:
+        return format_html(
+            '<span class="pgqueue-name" title="{}">{}</span> <span class="quiet" '
+            'title="handler version">v{}</span>',
+            obj.task_name,
+            short_name(obj.task_name),
+            obj.handler_version,
+        )
+
+    @admin.display(description="state", ordering="state")
+    def state_list_display(self, obj: Task) -> str:
+        """The state, and for a waiting task what it waits for."""
+        state = self.state_display(obj)
+        if obj.state != TaskState.WAITING:
+            return state
+        if obj.wait_reason == "parents":
+            why = f"its parents ({obj.parents_pending} not ended)"
+        elif obj.wait_reason == "signal":
+            why = f"the signal {obj.wait_signal}"
+        elif obj.wait_reason == "child":
+            why = f"{obj.parents_pending} task(s) it suspended on"
+        else:
+            why = obj.wait_reason or "?"
+        return format_html('{}<div class="pgqueue-why">waits for {}</div>', state, why)
+
+    @admin.display(description="run at", ordering="run_at")
+    def run_at_display(self, obj: Task) -> str:
+        """run_at relative to now (the timestamp on hover), and the expiry if any."""
+        run = relative_time(obj.run_at)
+        if obj.expires_at is None:
+            return run
+        return format_html(
+            '{}<div class="quiet">expires {}</div>', run, relative_time(obj.expires_at)
+        )
 
     @admin.display(description="attempts")
     def attempts(self, obj: Task) -> str:
@@ -814,7 +898,17 @@ class TaskAdmin(ForgedInputMixin, admin.ModelAdmin):
             self.admin_site.admin_view(self.signal_view),
             name="django_pgqueue_task_signal",
         )
-        return [operate, send_signal, *urls]
+        enqueue_task = path(
+            "enqueue/",
+            self.admin_site.admin_view(self.enqueue_view),
+            name="django_pgqueue_task_enqueue",
+        )
+        return [enqueue_task, operate, send_signal, *urls]
+
+    def enqueue_view(self, request: HttpRequest) -> HttpResponse:
+        """Enqueue a registered task with JSON arguments (admin/enqueue.py). Needs
+        ``add_task``."""
+        return enqueue_view(self, request)
 
     def signal_view(self, request: HttpRequest, object_id: str) -> HttpResponse:
         """Send signal: GET shows the form, POST sends it (``operations.signal``,
@@ -931,8 +1025,49 @@ class TaskAdmin(ForgedInputMixin, admin.ModelAdmin):
             **(extra_context or {}),
             "pgqueue_overview_url": overview_url,
             "pgqueue_read_database": _replica_of(request),
+            "pgqueue_enqueue_url": (
+                with_database(_url(self, "task_enqueue"), request_database(request))
+                if can_enqueue(request)
+                else None
+            ),
         }
-        return super().changelist_view(request, context)
+        if request.method != "GET" or not searching(request):
+            response = super().changelist_view(request, context)
+            self._add_search_form(request, response)
+            return response
+        # A search by content reads a window of rows with no index: bounded in rows
+        # (ADMIN_SEARCH_ROWS) and in time (ADMIN_SEARCH_TIMEOUT), on the read database.
+        using = request_read_database(request)
+        timeout_ms = int(get_settings().ADMIN_SEARCH_TIMEOUT * 1000)
+        try:
+            with transaction.atomic(using=using), connections[using].cursor() as cursor:
+                cursor.execute(
+                    "SELECT set_config('statement_timeout', %s, true)", [str(timeout_ms)]
+                )
+                response = super().changelist_view(request, context)
+                self._add_search_form(request, response)
+                if hasattr(response, "render"):
+                    response.render()
+        except OperationalError as exc:
+            if not isinstance(exc.__cause__, psycopg.errors.QueryCanceled):
+                raise
+            messages.error(
+                request,
+                f"The search took longer than {get_settings().ADMIN_SEARCH_TIMEOUT:g} s "
+                "(ADMIN_SEARCH_TIMEOUT) and was stopped. Narrow it: a state, a queue, a "
+                "task name or a date, or a smaller ADMIN_SEARCH_ROWS.",
+            )
+            # The list again without the content search, so the page still opens.
+            query = request.GET.copy()
+            for name in SEARCH_PARAMETERS:
+                query.pop(name, None)
+            return HttpResponseRedirect(f"{request.path}?{query.urlencode()}")
+        return response
+
+    def _add_search_form(self, request: HttpRequest, response: HttpResponse) -> None:
+        changelist = getattr(response, "context_data", {}).get("cl")
+        if changelist is not None:
+            response.context_data["pgqueue_search"] = search_context(request, changelist)
 
     # -- audit trail ------------------------------------------------------------------
     def log(self, request: HttpRequest, tasks: list, flag: int, message: str) -> None:

@@ -10,12 +10,13 @@ from django.db.models import QuerySet
 from django.db.models.functions import Now
 from django.http import HttpRequest, HttpResponse
 from django.utils import timezone
-from django.utils.html import format_html, format_html_join
+from django.utils.html import format_html
 from django.utils.safestring import mark_safe
 
 from django_pgqueue.admin.common import (
     _url,
     can_view_tasks,
+    relative_time,
 )
 from django_pgqueue.admin.databases import (
     DatabaseFilter,
@@ -30,6 +31,7 @@ from django_pgqueue.models import (
     Worker,
 )
 from django_pgqueue.overview import humanize_seconds
+from django_pgqueue.templatetags.pgqueue_admin import short_name
 
 
 @admin.register(Worker)
@@ -41,10 +43,10 @@ class WorkerAdmin(ForgedInputMixin, admin.ModelAdmin):
         "pid",
         "queues_display",
         "routes_display",
-        "concurrency",
+        "slots_display",
         "in_flight",
-        "last_heartbeat_at",
-        "started_at",
+        "heartbeat_display",
+        "started_display",
     )
     list_display_links = None
     list_filter = (DatabaseFilter,)
@@ -89,9 +91,27 @@ class WorkerAdmin(ForgedInputMixin, admin.ModelAdmin):
 
     @admin.display(description="tasks (versions)")
     def routes_display(self, obj: Worker) -> str:
-        return format_html_join(
-            ", ", "<code>{}@{}</code>", ((name, version) for name, version in obj.routes or [])
+        # A long dotted name is shortened, in full on hover.
+        return mark_safe(
+            ", ".join(
+                format_html("<code>{}@{}</code>", name, version)
+                if short_name(name) == name
+                else format_html('<code title="{}">{}@{}</code>', name, short_name(name), version)
+                for name, version in obj.routes or []
+            )
         )
+
+    @admin.display(description="slots", ordering="concurrency")
+    def slots_display(self, obj: Worker) -> int:
+        return obj.concurrency  # --concurrency
+
+    @admin.display(description="heartbeat", ordering="last_heartbeat_at")
+    def heartbeat_display(self, obj: Worker) -> str:
+        return relative_time(obj.last_heartbeat_at)
+
+    @admin.display(description="started", ordering="started_at")
+    def started_display(self, obj: Worker) -> str:
+        return relative_time(obj.started_at)
 
     @admin.action(description="Remove selected workers that are stale", permissions=["delete"])
     def remove_stale(self, request: HttpRequest, queryset: QuerySet) -> None:

@@ -63,8 +63,14 @@ def pgqueue_date_hierarchy(cl: Any) -> dict[str, Any]:
             },
             "choices": [{"title": capfirst(formats.date_format(date, "MONTH_DAY_FORMAT"))}],
         }
-    first = cl.queryset.order_by("pk").values_list(field, flat=True).first()
-    last = cl.queryset.order_by("-pk").values_list(field, flat=True).first()
+    rows = cl.queryset
+    window = next((s.window for s in cl.filter_specs if getattr(s, "window", None)), None)
+    if window is not None:
+        # A content search: the matches may be few, far apart or none, and finding the
+        # first and last would read the window twice more. Its ids' dates, by the key.
+        rows = cl.root_queryset.filter(pk__gte=window.low, pk__lt=window.below)
+    first = rows.order_by("pk").values_list(field, flat=True).first()
+    last = rows.order_by("-pk").values_list(field, flat=True).first()
     if first is None or last is None:
         return {"show": False}
     first, last = sorted((timezone.localdate(first), timezone.localdate(last)))
@@ -119,3 +125,26 @@ def _range(first: datetime.date, last: datetime.date, step) -> list[datetime.dat
         values.append(current)
         current = step(current)
     return values
+
+
+SHORT_NAME_MAX = 28
+
+
+def short_name(name: str, limit: int = SHORT_NAME_MAX) -> str:
+    """A long dotted task name cut from the left at a dot, ``…tasks.sync_order``; the
+    last part is always kept whole."""
+    if len(name) <= limit or "." not in name:
+        return name
+    parts = name.split(".")
+    kept = parts[-1]
+    for part in reversed(parts[:-1]):
+        if len(part) + 1 + len(kept) + 1 > limit:
+            break
+        kept = f"{part}.{kept}"
+    return f"…{kept}"
+
+
+@register.filter
+def pgqueue_short_name(name: str) -> str:
+    """``short_name`` for templates (the full name goes in a title)."""
+    return short_name(name)
