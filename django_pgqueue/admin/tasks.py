@@ -653,8 +653,9 @@ class TaskAdmin(ForgedInputMixin, admin.ModelAdmin):
         if not term:
             return queryset, False
         # Exact matches only: the id through the primary key; the unique key as given.
-        # A finished task's unique key is in no index, so that lookup reads the table:
-        # it runs once, here, and the page's own queries then go by primary key.
+        # Every task with a unique key is in pgqueue_task_unique_key (unique_key,
+        # enqueued_at), finished ones too: one index lookup, here, and the page's own
+        # queries then go by primary key.
         ids = list(
             Task.objects.using(queryset.db)
             .filter(unique_key=term)
