@@ -208,20 +208,25 @@ def _key_of(definition: TaskDefinition, args: Any, kwargs: dict[str, Any]) -> An
 
 
 _propagate: Any = None
+_current_span: Any = None
 
 
 def _trace_context() -> dict[str, str]:
     """The W3C ``traceparent`` (and ``tracestate``) of the enqueuing code, when
     OpenTelemetry is installed and a span is active; the handler finds them in
     ``context.metadata`` and can continue the same trace."""
-    global _propagate
+    global _propagate, _current_span
     if _propagate is None:
         try:
             from opentelemetry import propagate
+            from opentelemetry.trace import get_current_span
         except ImportError:
-            propagate = False
-        _propagate = propagate
+            propagate = get_current_span = False
+        _propagate, _current_span = propagate, get_current_span
     if not _propagate:
+        return {}
+    # No span, or no valid span context: the W3C propagator writes neither key.
+    if not _current_span().get_span_context().is_valid:
         return {}
     carrier: dict[str, str] = {}
     _propagate.inject(carrier)

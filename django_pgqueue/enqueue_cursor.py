@@ -25,6 +25,7 @@ behind any pooler.
 
 from __future__ import annotations
 
+from datetime import UTC
 from typing import Any
 
 import psycopg
@@ -33,6 +34,7 @@ from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.backends.postgresql.psycopg_any import register_tzloader
 from django.db.backends.utils import CursorWrapper
 from psycopg.pq import Format
+from psycopg.types.datetime import TimestamptzLoader
 
 from django_pgqueue.conf import get_setting
 
@@ -120,9 +122,14 @@ def enqueue_cursor(connection: BaseDatabaseWrapper) -> CursorWrapper:
             if raw.prepare_threshold is None:
                 raw.prepare_threshold = _NEVER
             cursor.prepare_statements = True
-        # As Django's create_cursor: timestamps in the connection's time zone.
-        loader = raw.adapters.get_loader(_TIMESTAMPTZ_OID, Format.TEXT)
-        if connection.timezone != loader.timezone:
+        # As Django's create_cursor: timestamps in the connection's time zone. In UTC
+        # (USE_TZ's default) on a UTC session, psycopg's own loader (in C) gives the
+        # same datetimes as Django's (Python, some 10 us a value).
+        if connection.timezone is UTC and raw.info.timezone is UTC:
+            cursor.adapters.register_loader(_TIMESTAMPTZ_OID, TimestamptzLoader)
+        elif connection.timezone != raw.adapters.get_loader(
+            _TIMESTAMPTZ_OID, Format.TEXT
+        ).timezone:
             register_tzloader(connection.timezone, cursor)
         if connection.queries_logged or connection.allow_thread_sharing or (
             kept is not None and kept.busy and kept.raw is raw
