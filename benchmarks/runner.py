@@ -924,7 +924,8 @@ def main(argv: list[str] | None = None) -> int:
         "1-process drain alone), W2a-process (the same drain with --execution process) and "
         "W2a-async (with ASYNC_CLAIMS), W2a-limits (with limits that do not bind), "
         "W2a-middleware (one no-op task middleware), W2a-otel (OpenTelemetry's SDK against "
-        "no opentelemetry); W9 is "
+        "no opentelemetry); W3-latency is W3's idle latency without its idle workers "
+        "of other queues; W9 is "
         "waiting work: a chord's fan-in against a plain drain, and a chain",
     )
     parser.add_argument(
@@ -944,6 +945,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--baseline-seconds", type=float, default=10)
     parser.add_argument(
+        "--scale",
+        type=float,
+        help="the workloads' sizes as a fraction of the defaults (--quick: 0.25); W1's "
+        "1-client runs enqueue 5,000 x scale tasks",
+    )
+    parser.add_argument(
         "--peer",
         choices=["pgqueuer"],
         help="also measure PgQueuer (asyncpg) in the same runs, interleaved with ours: its "
@@ -954,7 +961,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     only = set((args.only or "W1,W2,W3,W4,W5,W6,W7,W8").upper().split(","))
     runs = 1 if args.quick else args.runs
-    scale = 0.25 if args.quick else 1.0
+    scale = args.scale or (0.25 if args.quick else 1.0)
     soak = 100_000 if args.quick else args.soak_tasks
     n = int(20_000 * scale)
     shape_rows = int(args.shape_rows * scale)
@@ -1336,7 +1343,7 @@ def main(argv: list[str] | None = None) -> int:
             record("w2a_otel", d["rate"], d)
             d = drain(n, 1, env={"PGQUEUE_BENCH_OTEL": "export"})
             record("w2a_otel_export", d["rate"], d)
-        if "W3" in only:
+        if "W3" in only:  # W3-latency: the idle latency alone
             d = w3_idle_others(500)
             record("w3_idle_others", d["per_enqueue"], d)
         if "W2A-PROCESS" in only:
@@ -1345,7 +1352,7 @@ def main(argv: list[str] | None = None) -> int:
         if "W2" in only:
             d = drain(n, 2)
             record("w2b", d["rate"], d)
-        if "W3" in only:
+        if only & {"W3", "W3-LATENCY"}:
             side_by_side(run, w3_ours, w3_peer)
         if "W10" in only:
             d = w10_async(1000, 1.0)
