@@ -61,6 +61,12 @@ def _libpq(url: str) -> str:
     return url.replace("postgres://", "postgresql://", 1)
 
 
+def psycopg_connect(url: str) -> Any:
+    import psycopg
+
+    return psycopg.connect(_libpq(url), autocommit=True)
+
+
 def setup_django(url: str) -> None:
     os.environ["DATABASE_URL"] = url
     os.environ["DJANGO_SETTINGS_MODULE"] = "benchmarks.settings"
@@ -957,6 +963,14 @@ def main(argv: list[str] | None = None) -> int:
         "single enqueue (W1, 1 and 4 clients), idle latency (W3) and 1-process drain (W2a), "
         "and print ours / theirs (needs pip install 'pgqueuer[asyncpg]')",
     )
+    parser.add_argument(
+        "--async-commit",
+        action="store_true",
+        help="synchronous_commit = off for every session of the benchmark database (ours, "
+        "the peer's, pgbench's): the client and server CPU path without the wait for the "
+        "WAL flush, the noisiest part on a shared machine's disk. For W1 only: it also "
+        "gives up the worker's durable claims",
+    )
     parser.add_argument("--json", type=Path, help="where to write the results")
     args = parser.parse_args(argv)
     only = set((args.only or "W1,W2,W3,W4,W5,W6,W7,W8").upper().split(","))
@@ -975,6 +989,9 @@ def main(argv: list[str] | None = None) -> int:
 
         peer_version = peer.available()
     url = prepare_database()
+    if args.async_commit:
+        with psycopg_connect(url) as conn:
+            conn.execute(f"ALTER DATABASE {BENCH_DB} SET synchronous_commit = off")
     setup_django(url)
     info = server_info()
     if peer is not None:
