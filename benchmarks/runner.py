@@ -744,12 +744,18 @@ def w3_latency(n: int, gap: float) -> dict[str, Any]:
     try:
         with raw_connection() as conn:
             wait_idle_worker(conn)
+            # Until the worker runs a task: it is started, listening and idle (as the
+            # peer's measurement waits for its worker's first job). A worker that has
+            # registered may still be starting its threads on a loaded machine.
+            probe.enqueue(-1)
+            wait_for(lambda: count(conn, "state = 'succeeded'") >= 1, 60)
+            time.sleep(0.5)
             for i in range(n):
                 before = time.time()
                 task_id = probe.enqueue(i)
                 sent[task_id] = (before, time.time())
                 time.sleep(gap)
-            wait_for(lambda: count(conn, "state = 'succeeded'") >= n, 60)
+            wait_for(lambda: count(conn, "state = 'succeeded'") >= n + 1, 60)
     finally:  # a failed step must not leave the worker draining the next workload
         worker.stop()
     started = dict(Task.objects.filter(pk__in=sent).values_list("pk", "result"))
@@ -764,6 +770,8 @@ def w3_latency(n: int, gap: float) -> dict[str, Any]:
         "from_commit_p50_ms": percentile(after_commit, 50),
         "from_commit_p99_ms": percentile(after_commit, 99),
         "enqueue_call_p50_ms": percentile(enqueue_call, 50),
+        # In enqueue order: whether the slow ones come together (a stall) or spread.
+        "latencies_ms": [round(v, 3) for v in lat],
     }
 
 
