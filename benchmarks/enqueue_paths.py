@@ -27,6 +27,7 @@ import cProfile
 import io
 import os
 import pstats
+import re
 import shutil
 import statistics
 import subprocess
@@ -62,11 +63,7 @@ def variants() -> dict[str, tuple[str, Variant]]:
     query = QUERIES["enqueue"]
     # The same statement with positional parameters, for the floor: what is left when
     # the row's constant part is computed once per task definition.
-    names = [
-        "id", "queue", "task_name", "handler_version", "priority", "args", "kwargs",
-        "run_at", "delay", "state", "max_attempts", "retry_policy", "timeout",
-        "unique_key", "metadata", "concurrency_key",
-    ]  # fmt: skip
+    names = list(dict.fromkeys(re.findall(r"%\((\w+)\)s", query)))
     positional = query
     for name in names:
         positional = positional.replace(f"%({name})s", "%s")

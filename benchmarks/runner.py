@@ -61,6 +61,12 @@ def _libpq(url: str) -> str:
     return url.replace("postgres://", "postgresql://", 1)
 
 
+def psycopg_connect(url: str) -> Any:
+    import psycopg
+
+    return psycopg.connect(_libpq(url), autocommit=True)
+
+
 def setup_django(url: str) -> None:
     os.environ["DATABASE_URL"] = url
     os.environ["DJANGO_SETTINGS_MODULE"] = "benchmarks.settings"
@@ -882,12 +888,18 @@ def w3_latency(n: int, gap: float) -> dict[str, Any]:
     try:
         with raw_connection() as conn:
             wait_idle_worker(conn)
+            # Until the worker runs a task: it is started, listening and idle (as the
+            # peer's measurement waits for its worker's first job). A worker that has
+            # registered may still be starting its threads on a loaded machine.
+            probe.enqueue(-1)
+            wait_for(lambda: count(conn, "state = 'succeeded'") >= 1, 60)
+            time.sleep(0.5)
             for i in range(n):
                 before = time.time()
                 task_id = probe.enqueue(i)
                 sent[task_id] = (before, time.time())
                 time.sleep(gap)
-            wait_for(lambda: count(conn, "state = 'succeeded'") >= n, 60)
+            wait_for(lambda: count(conn, "state = 'succeeded'") >= n + 1, 60)
     finally:  # a failed step must not leave the worker draining the next workload
         worker.stop()
     started = dict(Task.objects.filter(pk__in=sent).values_list("pk", "result"))
@@ -902,6 +914,8 @@ def w3_latency(n: int, gap: float) -> dict[str, Any]:
         "from_commit_p50_ms": percentile(after_commit, 50),
         "from_commit_p99_ms": percentile(after_commit, 99),
         "enqueue_call_p50_ms": percentile(enqueue_call, 50),
+        # In enqueue order: whether the slow ones come together (a stall) or spread.
+        "latencies_ms": [round(v, 3) for v in lat],
     }
 
 
@@ -1070,7 +1084,8 @@ def main(argv: list[str] | None = None) -> int:
         "W2a-keys (10,000 keys with a per-key rate or concurrency that does not bind, and "
         "the claim alone), "
         "W2a-middleware (one no-op task middleware), W2a-otel (OpenTelemetry's SDK against "
-        "no opentelemetry); W9 is "
+        "no opentelemetry); W3-latency is W3's idle latency without its idle workers "
+        "of other queues; W9 is "
         "waiting work: a chord's fan-in against a plain drain, and a chain",
     )
     parser.add_argument(
@@ -1090,17 +1105,31 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--baseline-seconds", type=float, default=10)
     parser.add_argument(
+        "--scale",
+        type=float,
+        help="the workloads' sizes as a fraction of the defaults (--quick: 0.25); W1's "
+        "1-client runs enqueue 5,000 x scale tasks",
+    )
+    parser.add_argument(
         "--peer",
         choices=["pgqueuer"],
         help="also measure PgQueuer (asyncpg) in the same runs, interleaved with ours: its "
         "single enqueue (W1, 1 and 4 clients), idle latency (W3) and 1-process drain (W2a), "
         "and print ours / theirs (needs pip install 'pgqueuer[asyncpg]')",
     )
+    parser.add_argument(
+        "--async-commit",
+        action="store_true",
+        help="synchronous_commit = off for every session of the benchmark database (ours, "
+        "the peer's, pgbench's): the client and server CPU path without the wait for the "
+        "WAL flush, the noisiest part on a shared machine's disk. For W1 only: it also "
+        "gives up the worker's durable claims",
+    )
     parser.add_argument("--json", type=Path, help="where to write the results")
     args = parser.parse_args(argv)
     only = set((args.only or "W1,W2,W3,W4,W5,W6,W7,W8").upper().split(","))
     runs = 1 if args.quick else args.runs
-    scale = 0.25 if args.quick else 1.0
+    scale = args.scale or (0.25 if args.quick else 1.0)
     soak = 100_000 if args.quick else args.soak_tasks
     n = int(20_000 * scale)
     shape_rows = int(args.shape_rows * scale)
@@ -1114,6 +1143,9 @@ def main(argv: list[str] | None = None) -> int:
 
         peer_version = peer.available()
     url = prepare_database()
+    if args.async_commit:
+        with psycopg_connect(url) as conn:
+            conn.execute(f"ALTER DATABASE {BENCH_DB} SET synchronous_commit = off")
     setup_django(url)
     info = server_info()
     if peer is not None:
@@ -1552,7 +1584,7 @@ def main(argv: list[str] | None = None) -> int:
             record("w2a_otel", d["rate"], d)
             d = drain(n, 1, env={"PGQUEUE_BENCH_OTEL": "export"})
             record("w2a_otel_export", d["rate"], d)
-        if "W3" in only:
+        if "W3" in only:  # W3-latency: the idle latency alone
             d = w3_idle_others(500)
             record("w3_idle_others", d["per_enqueue"], d)
         if "W2A-PROCESS" in only:
@@ -1561,7 +1593,7 @@ def main(argv: list[str] | None = None) -> int:
         if "W2" in only:
             d = drain(n, 2)
             record("w2b", d["rate"], d)
-        if "W3" in only:
+        if only & {"W3", "W3-LATENCY"}:
             side_by_side(run, w3_ours, w3_peer)
         if "W10" in only:
             d = w10_async(1000, 1.0)

@@ -12,6 +12,7 @@ from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from django.conf import settings
+from django.core.signals import setting_changed
 from django.db import connections, transaction
 from django.utils import timezone
 
@@ -85,11 +86,72 @@ def _interval(seconds: float | None) -> timedelta | None:
     return None if seconds is None else timedelta(seconds=seconds)
 
 
+# The row's parts computed from each call's arguments (and, for metadata, the trace
+# context of the moment); every other key depends only on the task definition, its
+# options and the settings, so build_row computes it once per definition (_constant).
+# An option whose value is computed per call must be added here.
+PER_CALL = frozenset({"args", "kwargs", "metadata", "concurrency_key"})
+_EMPTY_JSON = "{}"
+_settings_generation = 0
+
+
+def _settings_changed(**kwargs: Any) -> None:
+    """override_settings (tests): the rows cached under the old settings are stale."""
+    global _settings_generation
+    _settings_generation += 1
+
+
+setting_changed.connect(_settings_changed, dispatch_uid="django_pgqueue.enqueue.rows")
+
+
 def build_row(
     definition: TaskDefinition, args: Any, kwargs: Any, *, key_per_call: bool = True
 ) -> dict[str, Any]:
     """The INSERT parameters for one call, or InvalidTaskError. ``key_per_call=False``
-    leaves the task's concurrency_key function out (enqueue_many applies it per call)."""
+    leaves the task's concurrency_key function out (enqueue_many applies it per call).
+
+    The options' part of the row is validated and built on a definition's first call
+    and kept on it (a ``using()`` copy is another definition); later calls check and
+    encode only their arguments and metadata. A first call that raises keeps nothing,
+    so every call with a bad option raises the same error."""
+    cached = definition.__dict__.get("_pgqueue_row")
+    if cached is None or cached[0] != _settings_generation:
+        row = _build_row(definition, args, kwargs, key_per_call=key_per_call)
+        # Stored only once the whole row validated: a cached definition's options are
+        # valid, so the per-call checks below raise what _build_row would have raised.
+        constant = {k: v for k, v in row.items() if k not in PER_CALL}
+        constant["after"] = tuple(row["after"])
+        if definition.concurrency_key is None or definition.options.concurrency_key is not None:
+            constant["concurrency_key"] = row["concurrency_key"]
+        object.__setattr__(definition, "_pgqueue_row", (_settings_generation, constant))
+        return row
+    if not isinstance(kwargs, dict):
+        raise InvalidTaskError(f"kwargs must be a dict, not {type(kwargs).__name__}")
+    args_json = dumps(check_json(list(args), "args"))
+    kwargs_json = dumps(check_json(kwargs, "kwargs")) if kwargs else _EMPTY_JSON
+    check_size(ARGS_LIMIT, args_json, kwargs_json)
+    row = cached[1].copy()
+    row["args"] = args_json
+    row["kwargs"] = kwargs_json
+    trace = _trace_context()
+    metadata = definition.options.metadata
+    if trace or metadata:  # a dict the caller may have changed since: checked again
+        metadata_json = dumps(check_json({**trace, **metadata}, "metadata"))
+        check_size(METADATA_LIMIT, metadata_json)
+        row["metadata"] = metadata_json
+    else:
+        row["metadata"] = _EMPTY_JSON
+    if "concurrency_key" not in row:
+        key = _key_of(definition, args, kwargs) if key_per_call else None
+        row["concurrency_key"] = _check_key(key, "concurrency_key")
+    row["after"] = list(row["after"])  # a list of its own per row
+    return row
+
+
+def _build_row(
+    definition: TaskDefinition, args: Any, kwargs: Any, *, key_per_call: bool = True
+) -> dict[str, Any]:
+    """build_row without the cache: every check, in order."""
     opts = definition.options
     if not isinstance(kwargs, dict):
         raise InvalidTaskError(f"kwargs must be a dict, not {type(kwargs).__name__}")
@@ -191,20 +253,25 @@ def _key_of(definition: TaskDefinition, args: Any, kwargs: dict[str, Any]) -> An
 
 
 _propagate: Any = None
+_current_span: Any = None
 
 
 def _trace_context() -> dict[str, str]:
     """The W3C ``traceparent`` (and ``tracestate``) of the enqueuing code, when
     OpenTelemetry is installed and a span is active; the handler finds them in
     ``context.metadata`` and can continue the same trace."""
-    global _propagate
+    global _propagate, _current_span
     if _propagate is None:
         try:
             from opentelemetry import propagate
+            from opentelemetry.trace import get_current_span
         except ImportError:
-            propagate = False
-        _propagate = propagate
+            propagate = get_current_span = False
+        _propagate, _current_span = propagate, get_current_span
     if not _propagate:
+        return {}
+    # No span, or no valid span context: the W3C propagator writes neither key.
+    if not _current_span().get_span_context().is_valid:
         return {}
     carrier: dict[str, str] = {}
     _propagate.inject(carrier)

@@ -141,6 +141,9 @@ def register(task: Task) -> TaskDefinition:
         takes_context=True,
     )
     registry.register(definition)
+    # The settled-outcome receiver exists once a framework task does: a worker of native
+    # tasks only pays no signal per settlement for it.
+    task_settled.connect(_on_settled, dispatch_uid="django_pgqueue.framework.task_finished")
     return definition
 
 
@@ -512,5 +515,3 @@ def _on_settled(
     if written and state in TERMINAL and framework_task_of(sender) is not None:
         announcer.put(task_id, kwargs.get("database"))
 
-
-task_settled.connect(_on_settled, dispatch_uid="django_pgqueue.framework.task_finished")

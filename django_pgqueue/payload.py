@@ -229,7 +229,11 @@ def short_repr(value: Any) -> str:
 
 def dumps(value: Any) -> str:
     """Serialise an already-checked value."""
-    return json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+    return _encode(value)
+
+
+# One encoder for every call: json.dumps with options builds a new one each time.
+_encode = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode
 
 
 class SizeLimit(NamedTuple):

@@ -139,3 +139,44 @@ def test_enqueue_many_and_dependents_take_the_same_path(conn_max_age) -> None:
         "args", flat=True)) == [[1], [2], [3], [4]]  # fmt: skip
     assert Task.objects.get(id=child).state == "waiting"
     assert enqueues_prepared() >= 2
+
+
+def test_execute_wrappers_see_every_enqueue_on_a_session_that_already_enqueued(
+    conn_max_age,
+) -> None:
+    # Given a session whose enqueue cursor exists already
+    noop.enqueue(0)
+    seen: list[str] = []
+
+    def wrapper(execute, sql, params, many, context):
+        seen.append(sql)
+        return execute(sql, params, many, context)
+
+    # When tasks are enqueued under an execute wrapper (instrumentation, as Sentry's)
+    with connection.execute_wrapper(wrapper):
+        noop.enqueue(1)
+        noop.enqueue(2)
+        noop.enqueue_many([3])
+    # Then the wrapper saw each statement, and Django's query log sees the next one
+    assert sum("INSERT INTO pgqueue_task" in sql for sql in seen) == 3
+    with CaptureQueriesContext(connection) as queries:
+        noop.enqueue(4)
+    assert any("INSERT INTO pgqueue_task" in q["sql"] for q in queries.captured_queries)
+    assert Task.objects.count() == 5
+
+
+def test_a_session_closed_between_enqueues_is_replaced(conn_max_age) -> None:
+    # Given a task enqueued (and its statement prepared) on one session
+    noop.enqueue(1)
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_backend_pid()")
+        first_pid = cursor.fetchone()[0]
+    # When Django closes the connection (end of its CONN_MAX_AGE) and opens another
+    connection.close()
+    noop.enqueue(2)
+    # Then the enqueue went through the new session, prepared there again
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_backend_pid()")
+        assert cursor.fetchone()[0] != first_pid
+    assert enqueues_prepared() >= 1
+    assert Task.objects.count() == 2

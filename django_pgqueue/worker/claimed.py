@@ -8,6 +8,7 @@ its ``Lease``: (id, attempt, lease token).
 
 from __future__ import annotations
 
+import functools
 import json
 import time
 from dataclasses import dataclass, field
@@ -77,8 +78,10 @@ class ClaimedTask:
     # the log record of the settlement: never stored, never sent to a process.
     raised: BaseException | None = None
 
-    @property
+    @functools.cached_property
     def lease(self) -> Lease:
+        """Fixed from the claim on (id, attempt and token never change in the worker):
+        made once, though the slot, the in-flight set and the settler each ask for it."""
         return Lease(self.id, self.attempt, self.lease_token)
 
     # Rarely needed columns arrive as JSON text and are parsed on first use.

@@ -365,8 +365,12 @@ def _row_json(outcome: Outcome) -> str:
     """The outcome's row for the settle statement, encoded once (``_storable`` encodes
     it first; a deferred outcome is written again with the same text)."""
     if outcome.encoded is None:
-        outcome.encoded = json.dumps(outcome.as_row(), separators=(",", ":"))
+        outcome.encoded = _encode(outcome.as_row())
     return outcome.encoded
+
+
+# json.dumps with options builds an encoder per call; one serves every outcome.
+_encode = json.JSONEncoder(separators=(",", ":")).encode
 
 
 def _storable(outcome: Outcome) -> Outcome:
