@@ -19,7 +19,9 @@ from tests.testapp.models import Run
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-MODES = {"thread": (), "process": ("--execution", "process")}
+# One slot in process mode: each slot is a child process that sets Django up, and one
+# task at a time is all these tests run.
+MODES = {"thread": (), "process": ("--execution", "process", "--concurrency", "1")}
 
 
 @pytest.fixture(params=list(MODES))
