@@ -98,11 +98,6 @@ class Replication:
                 conn.execute("SELECT pg_wal_replay_resume()")
 
 
-# One primary and standby for the whole module: its tests go to one xdist process (each
-# process would otherwise build its own pair, with pg_basebackup).
-pytestmark = pytest.mark.xdist_group("read_replica")
-
-
 @pytest.fixture(scope="module")
 def replication() -> Iterator[Replication]:
     try:
