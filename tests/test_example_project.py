@@ -12,11 +12,13 @@ import os
 import subprocess
 import sys
 
+import pytest
 from django.db import connections
 
 from tests.conftest import REPO, database_url
 
 
+@pytest.mark.slow  # a second pytest run: its own test database, migrations and workers
 def test_the_example_projects_tests_pass(django_db_modify_db_settings: None) -> None:
     settings_dict = connections["default"].settings_dict
     url = database_url({**settings_dict, "NAME": f"{settings_dict['NAME']}_example"})

@@ -109,7 +109,10 @@ def test_an_execution_hook_wraps_sync_and_async_handlers_with_their_context(
         sync_id = fixtures.show_tenant.enqueue()
         async_id = fixtures.async_show_tenant.enqueue()
 
-    run_burst(start_worker, "--execution", execution, env=worker_env("TenantScope"))
+    # two slots: in process mode each is a child process that sets Django up
+    run_burst(
+        start_worker, "--execution", execution, "--concurrency", "2", env=worker_env("TenantScope")
+    )
 
     rows = {row.pk: row for row in Task.objects.all()}
     assert rows[sync_id].state == rows[async_id].state == "succeeded"

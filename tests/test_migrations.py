@@ -26,6 +26,9 @@ from django.db.migrations.loader import MigrationLoader
 
 from tests.conftest import REPO, database_url
 
+# Slow: each test runs manage.py migrate in a fresh process once or twice per migration.
+pytestmark = pytest.mark.slow
+
 MIGRATION_LOCK_TIMEOUT = "1s"
 ENQUEUE_LOCK_TIMEOUT = "5s"  # longer than the migration's: it gives up first
 

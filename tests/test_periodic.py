@@ -428,6 +428,7 @@ def start_fleet(start_worker, count: int, *names: str):
     return workers
 
 
+@pytest.mark.slow  # ten ticks of a one-second schedule: over 10 s by design
 def test_three_workers_enqueue_each_tick_of_a_one_second_schedule_once(pg, start_worker):
     start_fleet(start_worker, 3, "every_second")
     first = Every(1).after(db_now(pg)) + timedelta(seconds=1)

@@ -1,8 +1,11 @@
 """Retrying by exception: ``retry_on`` and ``discard_on``, frozen on the row at enqueue
 and judged by the worker against the raised exception's classes (its MRO).
 
-Real worker subprocesses (burst workers: they run every due task and exit), in thread
-and in process execution mode; the handlers are in tests/rule_tasks.py.
+Real worker subprocesses (burst workers: they run every due task and exit); the
+handlers are in tests/rule_tasks.py. In process execution mode the same code judges the
+exception, in the handler's child process: the cases that depend on what reaches the
+child (an exception's MRO, retries, the row's own rules) run in both modes, the others
+in thread mode only.
 """
 
 import dataclasses
@@ -19,31 +22,42 @@ from tests.testapp.models import Run
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-MODES = {"thread": (), "process": ("--execution", "process")}
+# One slot in process mode: each slot is a child process that sets Django up, and one
+# task at a time is all these tests run.
+MODES = {"thread": (), "process": ("--execution", "process", "--concurrency", "1")}
+
+
+def burst(start_worker, mode: str) -> str:
+    """Run a burst worker (in thread or process execution mode) until nothing is due."""
+    worker = start_worker("--burst", *MODES[mode], wait=False)
+    assert worker.wait(60) == 0, worker.log()
+    return worker.log()
 
 
 @pytest.fixture(params=list(MODES))
 def run_burst(request, start_worker):
-    """Run a burst worker (in thread or process execution mode) until nothing is due."""
+    """A burst worker in each execution mode."""
+    return lambda: burst(start_worker, request.param)
 
-    def run() -> str:
-        worker = start_worker("--burst", *MODES[request.param], wait=False)
-        assert worker.wait(60) == 0, worker.log()
-        return worker.log()
 
-    return run
+@pytest.fixture
+def run_burst_in_threads(start_worker):
+    """A burst worker in thread execution mode."""
+    return lambda: burst(start_worker, "thread")
 
 
 def attempts_run(task_id: int) -> list[int]:
     return list(Run.objects.filter(task_id=task_id).values_list("attempt", flat=True))
 
 
-def test_an_exception_of_a_discard_on_type_fails_the_task_at_once_with_attempts_left(run_burst):
+def test_an_exception_of_a_discard_on_type_fails_the_task_at_once_with_attempts_left(
+    run_burst_in_threads,
+):
     # given a task with three attempts that discards on Fatal
     task_id = rule_tasks.discard_fatal.enqueue("fatal")
 
     # when its handler raises Fatal
-    run_burst()
+    run_burst_in_threads()
 
     # then it is dead-lettered after one attempt, the error and the rule recorded
     row = Task.objects.get(pk=task_id)
@@ -67,10 +81,10 @@ def test_a_subclass_of_a_discard_on_type_is_discarded_through_its_mro(run_burst)
     assert row.errors[-1]["rule"] == "discard_on"
 
 
-def test_an_exception_not_in_discard_on_retries_as_usual(run_burst):
+def test_an_exception_not_in_discard_on_retries_as_usual(run_burst_in_threads):
     task_id = rule_tasks.discard_fatal.enqueue("value")
 
-    run_burst()
+    run_burst_in_threads()
 
     row = Task.objects.get(pk=task_id)
     assert (row.state, row.attempt) == ("failed", 3)
@@ -90,10 +104,10 @@ def test_retry_on_retries_the_listed_types_and_their_subclasses(run_burst):
     assert [e["type"] for e in row.errors] == ["tests.rule_tasks.Transient"] * 3
 
 
-def test_retry_on_fails_any_other_exception_at_once(run_burst):
+def test_retry_on_fails_any_other_exception_at_once(run_burst_in_threads):
     task_id = rule_tasks.retry_transient.enqueue("value")
 
-    run_burst()
+    run_burst_in_threads()
 
     row = Task.objects.get(pk=task_id)
     assert (row.state, row.attempt) == ("failed", 1)
@@ -102,12 +116,12 @@ def test_retry_on_fails_any_other_exception_at_once(run_burst):
     assert row.errors[-1]["rule"] == "retry_on"
 
 
-def test_discard_on_wins_over_retry_on(run_burst):
+def test_discard_on_wins_over_retry_on(run_burst_in_threads):
     # both_rules retries on Exception (Fatal is one) but discards on Fatal
     discarded = rule_tasks.both_rules.enqueue("fatal")
     retried = rule_tasks.both_rules.enqueue("value")
 
-    run_burst()
+    run_burst_in_threads()
 
     assert Task.objects.get(pk=discarded).attempt == 1
     assert Task.objects.get(pk=discarded).errors[-1]["rule"] == "discard_on"

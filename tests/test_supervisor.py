@@ -75,6 +75,7 @@ def test_a_child_that_dies_after_it_started_is_replaced(start_worker):
     assert supervisor.proc.poll() is None
 
 
+@pytest.mark.slow  # five failed starts of a child, 7.5 s of restart backoff between them
 @pytest.mark.django_db(transaction=True)
 def test_a_supervisor_whose_children_cannot_start_stops_with_their_exit_codes(start_worker):
     # given: the first child's metrics port is taken, so that child fails at every start
@@ -114,6 +115,7 @@ def registration_refused(pg) -> Iterator[str]:
         pg.execute("DROP FUNCTION pgqueue_test_refuse()")
 
 
+@pytest.mark.slow  # five failed starts of a child, 7.5 s of restart backoff between them
 @pytest.mark.django_db(transaction=True)
 def test_a_child_whose_worker_fails_before_it_started_is_a_start_up_failure(
     start_worker, registration_refused

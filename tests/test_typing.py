@@ -43,6 +43,7 @@ def _run(module: str, *args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
+@pytest.mark.slow  # mypy over the package and Django: CPU-bound, long without its cache
 def test_mypy_accepts_the_correct_uses_and_refuses_each_incorrect_one():
     # given the usage file, each refusal marked with the error mypy must report
     # when mypy checks it (warn_unused_ignores: a refusal that stops is an error too)
@@ -54,6 +55,7 @@ def test_mypy_accepts_the_correct_uses_and_refuses_each_incorrect_one():
     assert result.returncode == 0, result.stdout + result.stderr
 
 
+@pytest.mark.slow  # pyright (Node.js) over the package and Django: CPU-bound
 def test_pyright_accepts_the_correct_uses_and_refuses_each_incorrect_one():
     # given the same file, each refusal marked with pyright's rule
     # when pyright checks it (reportUnnecessaryTypeIgnoreComment)

@@ -337,6 +337,7 @@ def test_a_worker_killed_running_a_chords_last_member_still_gets_the_callback_ru
     assert row(callback).result[str(slow)] == ["succeeded", "slow"]
 
 
+@pytest.mark.slow  # ten thousand runs through one worker
 def test_a_group_of_ten_thousand_runs_its_callback_once(start_worker, ledger_file):
     _members, callback = chord([step.step("m") for _ in range(10_000)], collect.step("cb"))
     assert row(callback).parents_pending == 10_000
@@ -346,6 +347,7 @@ def test_a_group_of_ten_thousand_runs_its_callback_once(start_worker, ledger_fil
     assert len(row(callback).result) == 10_000
 
 
+@pytest.mark.slow  # a thousand runs, one after the other
 def test_a_chain_of_a_thousand_steps_completes(start_worker):
     ids = chain(*[step.step(str(n)) for n in range(1000)])
     start_worker()
