@@ -487,8 +487,11 @@ def judge(soak: Soak, capacity: float, rate: float, drained: float) -> dict[str,
     claims = [ledger.Run(0, 0, token, 0, t) for token, t in seen.rated_claims.items()]
     most_limited = ledger.most_at_once(limited)
     most_rated = ledger.most_starts_within(claims, RATE_SECONDS * 0.98)
-    tick_times = list(seen.run_at.values())
+    tick_times = sorted(seen.run_at.values())
     duplicate_ticks = len(tick_times) - len(set(tick_times))
+    # Ticks no worker enqueued in time (a restart, a stall) collapse into one
+    # (missed="once"): fewer ticks than the span holds, never more.
+    tick_slots = (tick_times[-1] - tick_times[0]) / 2 + 1 if tick_times else 0
 
     rss = growth(soak.samples, lambda s: s["rss_kb"].get(0))
     connections = growth(soak.samples, lambda s: s["connections"])
@@ -506,6 +509,7 @@ def judge(soak: Soak, capacity: float, rate: float, drained: float) -> dict[str,
         "runs": report.runs,
         "justified_overlaps": report.justified_overlaps,
         "periodic_ticks": len(ticks),
+        "periodic_tick_slots": round(tick_slots),
         "faults": soak.faults,
         "workers_started": sum(slot.started for slot in soak.slots),
         "drain_seconds": round(drained, 1),
