@@ -16,7 +16,7 @@ queue, and enqueues that roll back; a periodic schedule ticks every 2 s. Meanwhi
   are reset), PgBouncer is restarted, and PostgreSQL is restarted, crashed
   (``immediate``) and shut down cleanly (``fast``) by turns;
 - retention is on (succeeded and failed rows kept SOAK_RETENTION seconds), so the rows
-  are read before they are pruned: every 10 s, the rows that finished lately.
+  are read before they are pruned: every 5 s, the rows that finished lately.
 
 Judged at the end, from the ledger (tests/ledger.py) against the rows: every committed
 task succeeded, nothing rolled back ran, no two runs of a task overlapped unless the
