@@ -36,7 +36,7 @@ class PgBouncer:
     """``with PgBouncer(server) as bouncer:`` listens on ``bouncer.port``; ``server``
     is the test server's (host, port) or Unix socket path (conftest.server_address)."""
 
-    def __init__(self, server: tuple[str, int] | str) -> None:
+    def __init__(self, server: tuple[str, int] | str, pool_size: int = POOL_SIZE) -> None:
         if isinstance(server, tuple):
             host, port = server
         else:  # .../.s.PGSQL.5432
@@ -55,19 +55,22 @@ class PgBouncer:
             "auth_type = trust\n"
             f"auth_file = {self.dir / 'users.txt'}\n"
             "pool_mode = transaction\n"
-            f"default_pool_size = {POOL_SIZE}\n"
+            f"default_pool_size = {pool_size}\n"
             "max_client_conn = 500\n"
             f"logfile = {self.dir / 'pgbouncer.log'}\n"
         )
         for path in self.dir.iterdir():
             os.chmod(path, 0o666)
-        binary = shutil.which("pgbouncer") or "/usr/sbin/pgbouncer"
+        self._binary = shutil.which("pgbouncer") or "/usr/sbin/pgbouncer"
         # As root it must drop to a user: the one that can reach the server's socket
         # (the embedded server's directory is its own user's), or postgres.
         owner = "postgres" if isinstance(server, tuple) else pwd.getpwuid(os.stat(host).st_uid)[0]
-        user = ["-u", owner] if os.geteuid() == 0 else []
+        self._user = ["-u", owner] if os.geteuid() == 0 else []
+        self._spawn()
+
+    def _spawn(self) -> None:
         self.proc = subprocess.Popen(
-            [binary, *user, str(self.dir / "pgbouncer.ini")],
+            [self._binary, *self._user, str(self.dir / "pgbouncer.ini")],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.STDOUT,
         )
@@ -81,17 +84,27 @@ class PgBouncer:
                     raise RuntimeError(f"pgbouncer did not start:\n{self.log()}") from None
                 time.sleep(0.05)
 
-    def log(self) -> str:
-        path = self.dir / "pgbouncer.log"
-        return path.read_text(errors="replace") if path.exists() else ""
-
-    def close(self) -> None:
+    def _stop(self) -> None:
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGINT)
             try:
                 self.proc.wait(5)
             except subprocess.TimeoutExpired:
                 self.proc.kill()
+                self.proc.wait(5)
+
+    def restart(self) -> None:
+        """Stop the pooler (every client connection drops) and start it again on the
+        same port, as a deploy or a crash and its supervisor would."""
+        self._stop()
+        self._spawn()
+
+    def log(self) -> str:
+        path = self.dir / "pgbouncer.log"
+        return path.read_text(errors="replace") if path.exists() else ""
+
+    def close(self) -> None:
+        self._stop()
         shutil.rmtree(self.dir, ignore_errors=True)
 
     def __enter__(self) -> PgBouncer:

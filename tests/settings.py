@@ -165,3 +165,13 @@ if os.environ.get("PGQUEUE_TEST_SPANS"):
     from tests import span_capture
 
     span_capture.init()
+# tests/test_soak.py: the soak's tasks, queues, limits and a short retention, in the
+# workers and the enqueuer it starts.
+if os.environ.get("PGQUEUE_TEST_SOAK"):
+    # The same names and limits as tests/soak_tasks.py (not imported here: it declares
+    # tasks, which needs the apps loaded).
+    PGQUEUE["TASK_MODULES"].append("tests.soak_tasks")
+    PGQUEUE["QUEUES"] = ["default", "soak_limited", "soak_rated"]
+    PGQUEUE["QUEUE_LIMITS"] = {"soak_limited": {"concurrency": 2}, "soak_rated": {"rate": "10/s"}}
+    PGQUEUE["RESULT_TTL"] = PGQUEUE["DEAD_TTL"] = float(os.environ["PGQUEUE_TEST_SOAK"])
+    PGQUEUE["PRUNE_INTERVAL"] = 2.0
