@@ -409,11 +409,13 @@ def rss_kb(pid: int) -> int:
 
 
 def growth(samples: list[dict[str, Any]], value: Any) -> tuple[float, float, float]:
-    """(baseline, end, growth): the median of ``value`` over the two minutes before the
+    """(baseline, end, growth): the median of ``value`` over the two minutes after the
     warm-up's end against its median over the last two minutes (or the last fifth of a
-    shorter run), as a fraction."""
+    shorter run), as a fraction. Growth "after the first 5 minutes" is measured from
+    then: during the warm-up the table still refills after the capacity measurement's
+    backlog is deleted, so a baseline taken before its end can be a low point."""
     width = min(120.0, SECONDS / 5)
-    before = [v for s in samples if WARMUP - width <= s["t"] < WARMUP
+    before = [v for s in samples if WARMUP <= s["t"] < WARMUP + width
               and (v := value(s)) is not None]
     last = [v for s in samples if SECONDS - width <= s["t"]
             and (v := value(s)) is not None]
