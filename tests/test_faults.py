@@ -218,7 +218,7 @@ HELD_LIMIT = 4 * CONCURRENCY + max(CONCURRENCY, 100)
 def test_a_worker_whose_outcomes_cannot_be_written_stops_claiming(start_worker, tmp_path, pg):
     # Given a worker with 4 slots and a backlog of short tasks three times its limit
     ledger = str(tmp_path / "runs")
-    start_worker("--concurrency", str(CONCURRENCY))
+    worker = start_worker("--concurrency", str(CONCURRENCY))
     ids = fault_tasks.nap.enqueue_many([(ledger, 0.1)] * (3 * HELD_LIMIT))
 
     # When every running row is locked by someone else as soon as it is claimed, so
@@ -239,6 +239,10 @@ def test_a_worker_whose_outcomes_cannot_be_written_stops_claiming(start_worker, 
         f"slots (limit {HELD_LIMIT})"
     )
     assert states(ids) == {"succeeded": len(ids)}
+    # and the rows held past the first retry were logged at WARNING, with the hint
+    assert re.search(
+        r"WARNING.*its row is locked by another transaction for over 0\.2s", worker.log()
+    ), worker.log()[-2000:]
 
 
 # -- issue 8.4: a statement whose reply is lost after it committed -------------------

@@ -214,11 +214,17 @@ class Settler:
         previous = getattr(outcome, "_retry_delay", 0.0)
         delay = min(RETRY_LOCKED_CAP, previous * 2 if previous else RETRY_LOCKED_AFTER)
         outcome._retry_delay = delay  # type: ignore[attr-defined]
-        if not previous:
-            logger.warning(
-                "%s: its row is locked by another transaction (a handler's own open "
-                "transaction?); the %s outcome will be written once the lock is released",
+        # A first deferral is usually this worker's own heartbeat, renewing the lease
+        # at that moment (its lock lasts milliseconds): DEBUG. Still locked after
+        # RETRY_LOCKED_AFTER, someone holds the row for longer: WARNING, once.
+        if previous in (0.0, RETRY_LOCKED_AFTER):
+            logger.log(
+                logging.WARNING if previous else logging.DEBUG,
+                "%s: its row is locked by another transaction%s; the %s outcome will be "
+                "written once the lock is released",
                 outcome.task.log_prefix(),
+                f" for over {previous:g}s (a handler's own open transaction?)" if previous
+                else "",
                 outcome.label,
                 extra=self._fields(outcome, None),
             )
