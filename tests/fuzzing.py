@@ -9,6 +9,7 @@ found is pinned with ``@example`` beside its property.
 from __future__ import annotations
 
 import math
+import os
 from datetime import UTC, datetime, timedelta, timezone
 from decimal import Decimal
 from typing import Any
@@ -29,6 +30,17 @@ settings.register_profile(
     ],
 )
 settings.load_profile("pgqueue")
+
+# How many examples each property gets: its full count (the numbers in its @settings)
+# when PGQUEUE_FUZZ=full, as .ci/run sets for its run against the machine's server, and
+# a quarter of it (at least 10) otherwise, so the README's test command stays quick for
+# a newcomer. derandomize makes the quarter the first examples of the full run.
+FULL = os.environ.get("PGQUEUE_FUZZ") == "full"
+
+
+def examples(count: int) -> int:
+    """The max_examples for a property whose full run tries ``count``."""
+    return count if FULL else max(10, count // 4)
 
 INT_DIGITS_MAX = 1000  # django_pgqueue.payload
 MAX_DEPTH = 100

@@ -27,7 +27,7 @@ from hypothesis import strategies as st
 
 from django_pgqueue.models import Queue, Schedule, Task, Worker
 from tests.factories import TaskFactory
-from tests.fuzzing import big_ints, hostile_text
+from tests.fuzzing import big_ints, examples, hostile_text
 
 pytestmark = pytest.mark.django_db
 
@@ -206,7 +206,7 @@ def _check(visitors: dict[str, Client], request, ids: list[int]) -> None:
     assert response.status_code != 500, ("superuser", request)
 
 
-@settings(max_examples=150)
+@settings(max_examples=examples(150))
 @given(request=forged_requests)
 @example(request=("GET", f"{ADMIN}/task/", [("q", "²")], []))  # int('²'): ValueError
 @example(request=("GET", f"{ADMIN}/task/", [("q", "9" * 30)], []))  # id past bigint

@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 
 from django_pgqueue.models import Task
 from tests.factories import TaskFactory
-from tests.fuzzing import big_ints, hostile_text
+from tests.fuzzing import big_ints, examples, hostile_text
 
 pytestmark = pytest.mark.django_db
 
@@ -71,7 +71,7 @@ def arguments(name: str) -> st.SearchStrategy[list[str]]:
     return st.lists(st.one_of(st.sampled_from(FLAGS[name]), values), max_size=6)
 
 
-@settings(max_examples=80)
+@settings(max_examples=examples(80))
 @given(argv=arguments("pgqueue_signal"))
 @example(argv=["1", "a\x00"])  # DataError from the UPDATE
 @example(argv=["1", "go", "--payload", "[" * 2000])  # RecursionError from json.loads
@@ -81,14 +81,14 @@ def test_pgqueue_signal_works_or_says_why(argv):
     works_or_says_why("pgqueue_signal", argv)
 
 
-@settings(max_examples=60)
+@settings(max_examples=examples(60))
 @given(argv=arguments("pgqueue_cancel"))
 def test_pgqueue_cancel_works_or_says_why(argv):
     assume(_no_help(argv))
     works_or_says_why("pgqueue_cancel", argv)
 
 
-@settings(max_examples=100)
+@settings(max_examples=examples(100))
 @given(argv=arguments("pgqueue_requeue"))
 @example(argv=["--id", str(2**70)])  # DataError: bigint out of range
 @example(argv=["--since", "99999999999999d"])  # OverflowError from timedelta
@@ -100,7 +100,7 @@ def test_pgqueue_requeue_works_or_says_why(argv):
     works_or_says_why("pgqueue_requeue", argv)
 
 
-@settings(max_examples=80)
+@settings(max_examples=examples(80))
 @given(argv=arguments("pgqueue_prune"))
 @example(argv=["--result-ttl", "nan"])  # DataError: interval out of range
 @example(argv=["--dead-ttl", "inf"])
@@ -111,7 +111,7 @@ def test_pgqueue_prune_works_or_says_why(argv):
     works_or_says_why("pgqueue_prune", argv)
 
 
-@settings(max_examples=80)
+@settings(max_examples=examples(80))
 @given(argv=arguments("pgqueue_queue"))
 def test_pgqueue_queue_works_or_says_why(argv):
     assume(_no_help(argv))
@@ -135,7 +135,7 @@ def _watches_forever(argv: list[str]) -> bool:
     return 0 < interval <= 24 * 3600
 
 
-@settings(max_examples=60)
+@settings(max_examples=examples(60))
 @given(argv=st.lists(st.one_of(st.sampled_from(["--json", "--watch"]), values), max_size=4))
 @example(argv=["--watch", "nan"])  # ValueError from time.sleep(nan)
 @example(argv=["--watch", "inf"])  # OverflowError from time.sleep(inf)

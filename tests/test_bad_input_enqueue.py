@@ -27,6 +27,7 @@ from tests.fuzzing import (
     Refused,
     any_floats,
     big_ints,
+    examples,
     hostile_text,
     json_ish,
     moments,
@@ -80,7 +81,7 @@ def check_call(args: list, kwargs: dict) -> None:
         transaction.set_rollback(True)
 
 
-@settings(max_examples=200)
+@settings(max_examples=examples(200))
 @given(
     args=st.lists(json_ish, max_size=3),
     kwargs=st.dictionaries(hostile_text, json_ish, max_size=3),
@@ -93,7 +94,7 @@ def test_an_argument_round_trips_as_json_or_is_refused_naming_its_path(args, kwa
     check_call(args, kwargs)
 
 
-@settings(max_examples=30)
+@settings(max_examples=examples(30))
 @given(depth=st.integers(min_value=95, max_value=105), as_dict=st.booleans())
 def test_nesting_is_accepted_below_the_depth_limit_and_refused_at_it(depth, as_dict):
     check_call([nested(depth, as_dict=as_dict)], {})
@@ -203,7 +204,7 @@ def assert_stored_as_given(row: Task, options: dict, parent: int) -> None:
         assert row.expires_at is not None and row.expires_at > row.enqueued_at
 
 
-@settings(max_examples=250)
+@settings(max_examples=examples(250))
 @given(options=st.fixed_dictionaries({}, optional=OPTIONS))
 @example(options={"after": [2**70]})  # reached the INSERT: bigint out of range
 @example(options={"after": ["²"]})  # isdigit() but not int(): ValueError
@@ -230,7 +231,7 @@ def test_an_option_is_stored_as_given_or_refused_naming_it(options):
         transaction.set_rollback(True)
 
 
-@settings(max_examples=60)
+@settings(max_examples=examples(60))
 @given(alias=st.one_of(st.sampled_from(["default", "nope", ""]), hostile_text, st.integers()))
 def test_enqueue_on_commit_defers_to_a_known_alias_or_is_refused_naming_commit_alias(alias):
     with transaction.atomic():

@@ -16,7 +16,16 @@ from hypothesis import strategies as st
 from django_pgqueue import InvalidTaskError, operations
 from django_pgqueue.models import Task
 from tests.factories import TaskFactory
-from tests.fuzzing import Refused, any_floats, big_ints, hostile_text, json_ish, same, stored
+from tests.fuzzing import (
+    Refused,
+    any_floats,
+    big_ints,
+    examples,
+    hostile_text,
+    json_ish,
+    same,
+    stored,
+)
 
 pytestmark = pytest.mark.django_db
 
@@ -41,7 +50,7 @@ def _rows() -> list[tuple]:
     return list(Task.objects.order_by("pk").values_list("pk", "state", "signals", "wake"))
 
 
-@settings(max_examples=150)
+@settings(max_examples=examples(150))
 @given(
     target=st.one_of(
         st.sampled_from([WAITING, PENDING, FINISHED]),
