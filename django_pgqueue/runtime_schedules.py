@@ -228,6 +228,14 @@ def _fetch(alias: str, query: str, params: dict[str, Any]) -> dict[str, Any] | N
         return dict(zip([c[0] for c in cursor.description], row, strict=True))
 
 
+def _write(alias: str, query: str, params: dict[str, Any]) -> dict[str, Any] | None:
+    """A write to the schedule rows, then the notification that makes every worker
+    read them at once (delivered when the caller's transaction commits)."""
+    row = _fetch(alias, query, params)
+    _fetch(alias, "schedules_changed", {})
+    return row
+
+
 def _database(name: str, queue: str | None, using: str | None) -> str:
     """Where a schedule's row is: ``using``, its queue's database, or (a name only)
     the first database with a task table that has the row."""
@@ -301,7 +309,7 @@ def add_schedule(
         },
     )  # fmt: skip
     alias = _database(name, schedule.queue, using)
-    if _fetch(alias, "schedule_add", _row_params(name, data, schedule)) is None:
+    if _write(alias, "schedule_add", _row_params(name, data, schedule)) is None:
         existing = _fetch(alias, "schedule_get", {"name": name})
         if existing is not None and existing["definition"] is None:
             raise InvalidScheduleError(
@@ -360,7 +368,7 @@ def update_schedule(name: str, *, using: str | None = None, **changes: Any) -> S
             f"{database_for(schedule.queue)!r}, the schedule on {alias!r}; remove it and "
             "add it again there"
         )
-    _fetch(alias, "schedule_update", _row_params(name, data, schedule))
+    _write(alias, "schedule_update", _row_params(name, data, schedule))
     return schedule
 
 
@@ -385,7 +393,7 @@ def pause_schedule(name: str, *, using: str | None = None) -> None:
     else:
         params = {"name": name, "task_name": declared.task.name, "spec": declared.spec,
                   "timezone": declared.timezone}  # fmt: skip
-    _fetch(alias, "schedule_pause", params)
+    _write(alias, "schedule_pause", params)
 
 
 def resume_schedule(name: str, *, using: str | None = None) -> bool:
@@ -394,7 +402,7 @@ def resume_schedule(name: str, *, using: str | None = None) -> bool:
     ScheduleDoesNotExist for an unknown name."""
     name = _check_name(name)
     alias = _database(name, None, using)
-    if _fetch(alias, "schedule_resume", {"name": name}) is not None:
+    if _write(alias, "schedule_resume", {"name": name}) is not None:
         return True
     if name not in schedule_registry and _fetch(alias, "schedule_get", {"name": name}) is None:
         raise ScheduleDoesNotExist(f"no schedule named {name!r}")
@@ -409,7 +417,7 @@ def remove_schedule(name: str, *, using: str | None = None) -> None:
     if name in schedule_registry:
         raise InvalidScheduleError(_in_code(name))
     alias = _database(name, None, using)
-    if _fetch(alias, "schedule_remove", {"name": name}) is None:
+    if _write(alias, "schedule_remove", {"name": name}) is None:
         row = _fetch(alias, "schedule_get", {"name": name})
         if row is None:
             raise ScheduleDoesNotExist(f"no schedule named {name!r}")

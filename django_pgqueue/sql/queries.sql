@@ -1032,6 +1032,16 @@ SELECT EXTRACT(EPOCH FROM min(n.run_at) - now())::float8 AS seconds
        ) AS n(run_at);
 
 
+-- name: schedules_changed
+-- A schedule was added, changed, paused, resumed or removed (runtime_schedules.py), in
+-- the caller's transaction: tell every worker, delivered at its commit. Every one of the
+-- 64 channels (each claimer LISTENs on its queues' channels), with a payload no queue
+-- name can be (QUEUE_NAME has no space): the listener passes it to its scheduler, which
+-- reads the schedule rows at once (scheduler.py). An operator's action, rare: the 64
+-- notifications cost nothing that matters.
+SELECT count(pg_notify('pgqueue_' || n, 'schedules changed')) FROM generate_series(0, 63) AS n;
+
+
 -- name: listen_channels
 -- The notification channels of these queues: one of 64 per queue, by hashtext, the
 -- same expression every notifying statement uses (keep them in step), with the

@@ -29,11 +29,15 @@ import contextlib
 import os
 import select
 import time
+from collections.abc import Callable
 
 import psycopg
 from psycopg import sql
 
 from django_pgqueue.sql import QUERIES
+
+# The payload of queries.sql's schedules_changed: no queue name has a space.
+SCHEDULES_CHANGED = "schedules changed"
 
 
 class Listener:
@@ -48,6 +52,9 @@ class Listener:
         self._channels: list[int] = []  # the channel numbers of our queues
         self._held: set[int] = set()  # channels whose parked mark this connection holds
         self.park_ready = False  # marked on every channel, and no enqueue left unsure
+        # Called when a schedule changed (the scheduler's poke), and after each (re)connect,
+        # in case a notification was missed meanwhile.
+        self.on_schedules: list[Callable[[], None]] = []
 
     def attach(self, conn: psycopg.Connection) -> None:
         """On each new claimer connection: LISTEN, and count it as a wake-up."""
@@ -58,6 +65,7 @@ class Listener:
         conn.add_notify_handler(self._on_notify)
         self._channels = sorted(number for _channel, number in rows)
         self._held = set()  # a new session holds no lock
+        self._schedules_changed()
         self.park_ready = False
         self._pending = True
 
@@ -119,12 +127,21 @@ class Listener:
         pgconn = conn.pgconn
         pgconn.consume_input()  # raises if the connection broke: the next claim reconnects
         while (notify := pgconn.notifies()) is not None:
-            if notify.extra.decode() in self.queues:
+            payload = notify.extra.decode()
+            if payload in self.queues:
                 self._pending = True
+            elif payload == SCHEDULES_CHANGED:
+                self._schedules_changed()
 
     def _on_notify(self, notify: psycopg.Notify) -> None:
         if notify.payload in self.queues:
             self._pending = True
+        elif notify.payload == SCHEDULES_CHANGED:
+            self._schedules_changed()
+
+    def _schedules_changed(self) -> None:
+        for callback in self.on_schedules:
+            callback()
 
     def close(self) -> None:
         for fd in (self._read, self._write):

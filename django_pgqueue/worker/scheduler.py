@@ -8,9 +8,12 @@ clock, so clock skew between hosts does not matter.
 
 It sleeps until the next tick of its schedules, but never longer than MAX_SLEEP. A due
 tick costs one statement (enqueue_tick); without one, it reads its schedules' rows and
-the clock (schedule_state) every POLL_INTERVAL (at most every REFRESH seconds). That
-read brings the runtime schedules of its queues (runtime_schedules.py): added, changed,
-paused, resumed and removed ones reach it then, without a restart.
+the clock (schedule_state): at once when its claimer's listener passes on that a
+schedule changed (runtime_schedules.py notifies every worker at the change's commit),
+and otherwise every REFRESH_NOTIFIED seconds, in case a notification was lost; without
+a listener (behind a transaction pooler with no LISTEN_DATABASE), every POLL_INTERVAL (at
+most every REFRESH seconds). That read brings the runtime schedules of its queues:
+added, changed, paused, resumed and removed ones reach it then, without a restart.
 """
 
 from __future__ import annotations
@@ -35,6 +38,9 @@ logger = logging.getLogger("django_pgqueue.worker")
 
 MAX_SLEEP = 1.0
 REFRESH = 5.0
+# With a listener, a change of the schedules pokes the scheduler (listener.py): it then
+# reads the rows this often only in case a notification was lost.
+REFRESH_NOTIFIED = 30.0
 
 
 class DatabaseClock:
@@ -118,6 +124,17 @@ class Scheduler:
         self._owns_session = session is None
         self.session = session or Session(alias, self.name, self._stop)
         self._thread = threading.Thread(target=self._run, name="pgqueue-scheduler", daemon=True)
+
+    def notified_by(self, listener: Any) -> None:
+        """Read the rows when ``listener`` says a schedule changed (at once, within
+        MAX_SLEEP), and otherwise every REFRESH_NOTIFIED: an idle worker then runs no
+        statement for its schedules between changes."""
+        listener.on_schedules.append(self.poke)
+        self.refresh_every = REFRESH_NOTIFIED
+
+    def poke(self) -> None:
+        """A schedule changed: read the rows at the next step."""
+        self._stale = True
 
     @property
     def schedules(self) -> list[_Schedule]:

@@ -284,6 +284,10 @@ class Worker:
             if options.scheduler
             else None
         )
+        if self.scheduler is not None and self.claimer.listen_session is not None:
+            # Changes of the schedules arrive as notifications (runtime_schedules.py):
+            # the scheduler reads the rows then, not every POLL_INTERVAL.
+            self.scheduler.notified_by(self.claimer.listener)
 
     def _listen_alias(self, conf) -> str | None:
         """Where the claimer LISTENs: "" on its own connection, an alias, or None (poll)."""
