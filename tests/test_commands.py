@@ -85,7 +85,11 @@ def test_status_watch_redraws_in_place_until_interrupted(db_url):
         while output.count(b"\x1b[H\x1b[2J") < 3 and time.monotonic() < deadline:
             output += os.read(proc.stdout.fileno(), 65536)
         proc.send_signal(signal.SIGINT)
-        code = proc.wait(10)
+        # Read on while it exits: a redraw (or its last words) blocked on a full pipe
+        # would otherwise never end.
+        rest, _ = proc.communicate(timeout=10)
+        output += rest
+        code = proc.returncode
     finally:
         proc.kill()
         proc.stdout.close()
