@@ -97,6 +97,9 @@ def test_sigterm_stops_claiming_and_lets_running_handlers_finish(start_worker):
     wait_until(lambda: Run.objects.filter(task_id=running).exists())
 
     worker.signal(signal.SIGTERM)
+    # Once the worker has handled the signal (asynchronously: a loaded machine may take
+    # a while), nothing more is claimed.
+    wait_until(lambda: "claims stopped" in worker.log())
     late = tasks.noop.enqueue(1)
 
     assert worker.wait(20) == 0

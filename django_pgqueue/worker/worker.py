@@ -466,6 +466,7 @@ class Worker:
         on the settler: the release does not need this process to exit.
         """
         self.claimer.stop()
+        logger.info("claims stopped: no task is claimed from now on")
         deadline = time.monotonic() + self.options.shutdown_grace
         while time.monotonic() < deadline and self._unfinished():
             time.sleep(0.02)
