@@ -7,12 +7,11 @@ import uuid
 from typing import Any
 
 import psycopg
-from psycopg.rows import class_row
 
 from django_pgqueue.registry import registry
 from django_pgqueue.sql import QUERIES
 from django_pgqueue.worker.claimed import ClaimedTask
-from django_pgqueue.worker.claimer import route_params
+from django_pgqueue.worker.claimer import _fetch, route_params
 
 
 def all_routes() -> list[tuple[str, int]]:
@@ -41,8 +40,7 @@ def claim(
         "lease_seconds": lease,
         "worker_id": worker_id,
     }
-    with conn.cursor(row_factory=class_row(ClaimedTask)) as cursor:
-        return cursor.execute(QUERIES["claim"], params).fetchall()
+    return _fetch(conn, "claim", params)
 
 
 def settle(conn: psycopg.Connection, outcomes: list[dict[str, Any]]) -> dict[int, str]:

@@ -1,11 +1,13 @@
 """The claim statement: what it takes, what it leaves, and what two claimers see."""
 
+import re
 import threading
 from datetime import timedelta
 
 import pytest
 from django.utils import timezone
 
+from django_pgqueue.sql import QUERIES, positional
 from django_pgqueue.worker.connection import connect
 from tests import tasks
 from tests.factories import TaskFactory
@@ -147,3 +149,15 @@ def test_many_concurrent_claimers_never_take_the_same_row(db_url):
     everything = [task_id for mine in seen for task_id in mine]
     assert len(everything) == total
     assert len(set(everything)) == total
+
+
+@pytest.mark.parametrize("name", sorted(QUERIES))
+def test_a_statement_converted_once_has_one_numbered_parameter_per_name(name):
+    """The worker's hot statements run with $n placeholders converted once
+    (sql.positional): each name is one parameter, numbered in order of first use."""
+    statement = positional(name)
+
+    assert "%(" not in statement.text
+    numbers = {int(n) for n in re.findall(r"\$(\d+)", statement.text)}
+    assert numbers == set(range(1, len(statement.names) + 1))
+    assert sorted(statement.names) == sorted(set(re.findall(r"%\((\w+)\)s", QUERIES[name])))

@@ -45,6 +45,7 @@ from typing import TYPE_CHECKING
 import psycopg
 from psycopg.rows import class_row
 
+from django_pgqueue import sql
 from django_pgqueue.limits import QueueLimit, Rate
 from django_pgqueue.sql import QUERIES
 from django_pgqueue.worker.claimed import ClaimedTask
@@ -676,5 +677,5 @@ def route_params(
 
 
 def _fetch(conn: psycopg.Connection, query: str, params: dict) -> list[ClaimedTask]:
-    with conn.cursor(row_factory=class_row(ClaimedTask)) as cursor:
-        return cursor.execute(QUERIES[query], params).fetchall()
+    with sql.execute(conn, query, params, row_factory=class_row(ClaimedTask)) as cursor:
+        return cursor.fetchall()

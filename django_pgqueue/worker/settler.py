@@ -30,6 +30,7 @@ from datetime import timedelta
 
 import psycopg
 
+from django_pgqueue import sql
 from django_pgqueue.exceptions import TaskNotRegistered
 from django_pgqueue.registry import registry
 from django_pgqueue.signals import task_settled
@@ -171,8 +172,8 @@ class Settler:
     def _settle(self, batch: list[Outcome]) -> dict[Lease, str]:
         payload = "[" + ",".join(_row_json(o) for o in batch) + "]"
         rows = self.session.call(
-            lambda conn: conn.execute(
-                QUERIES["settle"], {"outcomes": payload, **self._limit_params}
+            lambda conn: sql.execute(
+                conn, "settle", {"outcomes": payload, **self._limit_params}
             ).fetchall()
         )
         return {Lease(r[0], r[1], r[2]): r[3] for r in rows}
