@@ -86,3 +86,20 @@ def test_handlers_that_never_touch_the_database_open_no_django_connection(start_
 
     worker.stop()
     assert held == [0] * 5
+
+
+def test_a_handlers_django_connection_is_closed_after_each_task(start_worker, pg):
+    """With Django's default CONN_MAX_AGE = 0 a handler's connection lives for its task,
+    as a request's does: none is left open between tasks, however many ran."""
+    wait_until(lambda: component_connections(pg) == 0, message="no other worker's connections left")
+    worker = start_worker("--concurrency", "4")
+    ids = tasks.record.enqueue_many([str(i) for i in range(40)])
+    wait_until(
+        lambda: Task.objects.filter(pk__in=ids, state="succeeded").count() == len(ids),
+        message="40 tasks that write a row drained",
+    )
+
+    held = samples(other_connections, pg)
+
+    worker.stop()
+    assert held == [0] * 5

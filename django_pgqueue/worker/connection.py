@@ -16,6 +16,7 @@ balancer in front of a failed server).
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import math
 import os
@@ -30,6 +31,7 @@ from typing import Any, TypeVar
 
 import psycopg
 from django.db import connections
+from psycopg.types.json import set_json_loads
 
 from django_pgqueue.conf import get_settings
 from django_pgqueue.sql import QUERIES
@@ -125,7 +127,18 @@ def connect(alias: str, durable: bool = True) -> psycopg.Connection:
     if not durable and not is_pooled(alias):
         extra = "-c synchronous_commit=off"
         params["options"] = f"{params['options']} {extra}" if params.get("options") else extra
-    return psycopg.connect(**params, autocommit=True)
+    conn = psycopg.connect(**params, autocommit=True)
+    set_json_loads(_json_loads, conn)
+    return conn
+
+
+_JSON = json.JSONDecoder()
+
+
+def _json_loads(data: bytes) -> Any:
+    """jsonb from the server (a claimed task's arguments): UTF-8, which ``json.loads``
+    would first sniff for its encoding, value by value."""
+    return _JSON.decode(data.decode())
 
 
 class Backoff:
