@@ -2,16 +2,22 @@
 
 import re
 import threading
+import time
+import uuid
 from datetime import timedelta
 
 import pytest
 from django.utils import timezone
+from psycopg.rows import class_row, tuple_row
 
+from django_pgqueue import sql
 from django_pgqueue.sql import QUERIES, positional
+from django_pgqueue.worker.claimed import ClaimedTask, claimed_rows
+from django_pgqueue.worker.claimer import route_params
 from django_pgqueue.worker.connection import connect
 from tests import tasks
 from tests.factories import TaskFactory
-from tests.sqlhelpers import claim, row
+from tests.sqlhelpers import all_routes, claim, row
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -161,3 +167,35 @@ def test_a_statement_converted_once_has_one_numbered_parameter_per_name(name):
     numbers = {int(n) for n in re.findall(r"\$(\d+)", statement.text)}
     assert numbers == set(range(1, len(statement.names) + 1))
     assert sorted(statement.names) == sorted(set(re.findall(r"%\((\w+)\)s", QUERIES[name])))
+
+
+def test_claimed_rows_make_the_task_class_row_would(pg):
+    """The worker's row factory (claimed_rows) builds each ClaimedTask field by field as
+    psycopg's class_row would, and refuses columns that are not its fields."""
+    task_id = tasks.noop.using(priority=7).enqueue(3)
+    pg.execute(QUERIES["stage"], {"queues": ["default"], "limit": 1000})
+    params = {
+        **route_params(["default"], all_routes(), 3600),
+        "limit": 1,
+        "token": str(uuid.uuid4()),
+        "lease_seconds": 30,
+        "worker_id": "w1",
+    }
+    with sql.execute(pg, "claim", params, row_factory=tuple_row) as cursor:
+        (values,) = cursor.fetchall()
+        fast = claimed_rows(cursor)(values)
+        slow = class_row(ClaimedTask)(cursor)(values)
+
+    assert (fast.id, fast.priority, fast.args, fast.kwargs) == (task_id, 7, [3], {})
+    assert {k: v for k, v in vars(fast).items() if k != "received_monotonic"} == {
+        k: v for k, v in vars(slow).items() if k != "received_monotonic"
+    }
+    assert abs(fast.received_monotonic - time.monotonic()) < 5
+    assert fast.lease == slow.lease
+    with pg.cursor() as cursor:
+        cursor.execute("SELECT 1::bigint AS id")
+        with pytest.raises(TypeError, match="missing"):
+            claimed_rows(cursor)((1,))
+        cursor.execute("SELECT 1 AS nope")
+        with pytest.raises(TypeError, match=r"unknown \['nope'\]"):
+            claimed_rows(cursor)((1,))

@@ -10,7 +10,7 @@ import pytest
 from django_pgqueue.sql import QUERIES
 from django_pgqueue.worker.heartbeat import Heartbeat
 from django_pgqueue.worker.inflight import InFlight
-from django_pgqueue.worker.outcomes import RELEASE_DELAY, SUCCESS, Outcome, released
+from django_pgqueue.worker.outcomes import RELEASE_DELAY, SUCCESS, Outcome, released, succeeded
 from django_pgqueue.worker.settler import Settler
 from django_pgqueue.worker.stats import WorkerStats
 from tests import tasks
@@ -283,3 +283,19 @@ def test_the_vacuumer_vacuums_the_task_table_once_dead_tuples_pile_up(pg):
     assert quiet.stats.get("vacuums") == 0
     assert busy.stats.get("vacuums") == 1
     wait_until(lambda: stats()[1] == before + 1, message="the vacuum to be recorded")
+
+
+@pytest.mark.parametrize("result", [None, False, 0, "", [], {}, True])
+def test_a_success_stores_the_value_the_handler_returned_none_as_null(pg, result):
+    """The settle row leaves out what is None or a false flag (outcomes.as_row): a
+    handler's own False, 0 or empty value is still its result."""
+    task_id = tasks.noop.enqueue(1)
+    (mine,) = claim(pg, limit=1)
+
+    assert settle(pg, [succeeded(mine, result, 0.001).as_row()]) == {task_id: "succeeded"}
+
+    (stored, is_null) = pg.execute(
+        "SELECT result, result IS NULL FROM pgqueue_task WHERE id = %s", [task_id]
+    ).fetchone()
+    assert is_null is (result is None)
+    assert stored == result

@@ -34,7 +34,6 @@ from typing import TYPE_CHECKING, Any
 import psycopg
 from asgiref.sync import async_to_sync
 from django.db import connections, transaction
-from psycopg.rows import class_row
 from psycopg.types.json import JsonbLoader
 
 from django_pgqueue.conf import database_for, get_setting, get_settings
@@ -42,7 +41,7 @@ from django_pgqueue.exceptions import Retry, TaskNotRegistered
 from django_pgqueue.registry import registry
 from django_pgqueue.signals import task_settled
 from django_pgqueue.sql import QUERIES
-from django_pgqueue.worker.claimed import ClaimedTask
+from django_pgqueue.worker.claimed import ClaimedTask, claimed_rows
 from django_pgqueue.worker.claimer import STAGE_BATCH, route_params
 from django_pgqueue.worker.execution import execute, execute_async
 from django_pgqueue.worker.outcomes import FAILURE, TIMEOUT, Outcome
@@ -269,7 +268,7 @@ def _claim_one(
         # adapters read it as text: this cursor (only) loads it as the worker does.
         raw = cursor.cursor
         raw.adapters.register_loader("jsonb", JsonbLoader)
-        raw.row_factory = class_row(ClaimedTask)
+        raw.row_factory = claimed_rows
         while True:
             # The claim ends an expired row (cancelled, Expired) instead of leasing it,
             # as in a worker: claim again, with a new token, until one can run.

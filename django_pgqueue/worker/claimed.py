@@ -8,14 +8,19 @@ its ``Lease``: (id, attempt, lease token).
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from django_pgqueue.context import TaskContext
+
+if TYPE_CHECKING:
+    import psycopg
 
 
 class Lease(NamedTuple):
@@ -167,3 +172,60 @@ class ClaimedTask:
             f"task {self.id} ({self.task_name}) attempt {self.attempt} "
             f"lease {self.lease_token[:8]}"
         )
+
+
+_FIELDS = dataclasses.fields(ClaimedTask)
+_NAMES = frozenset(f.name for f in _FIELDS)
+_REQUIRED = frozenset(
+    f.name
+    for f in _FIELDS
+    if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+)
+_DEFAULTS = {f.name: f.default for f in _FIELDS if f.default is not dataclasses.MISSING}
+_FACTORIES = tuple(
+    (f.name, f.default_factory) for f in _FIELDS if f.default_factory is not dataclasses.MISSING
+)
+
+
+def claimed_rows(cursor: psycopg.Cursor[Any]) -> Callable[[Sequence[Any]], ClaimedTask]:
+    """A psycopg row factory: a ClaimedTask from each row of a claim, its columns read
+    by name, as ``class_row(ClaimedTask)`` would make it, for a third of the CPU
+    (``class_row`` calls the dataclass's ``__init__`` with some thirty keyword arguments
+    per row, and a claim returns up to a few hundred rows).
+
+    The columns are checked once per result: each must be a field, and every field
+    without a default must be there (else making a row raises TypeError); the fields a
+    row has no column for get their defaults, or their default factory's value."""
+    if cursor.description is None:
+        return _no_result
+    names = [column.name for column in cursor.description]
+    unknown = sorted(set(names) - _NAMES)
+    missing = sorted(_REQUIRED - set(names))
+    if unknown or missing:
+        # Raised for a row, not for the result: a cursor may run other statements whose
+        # rows are never fetched (as class_row would).
+        problem = (
+            f"a claim's columns do not make a ClaimedTask: unknown {unknown}, "
+            f"missing {missing}"
+        )
+
+        def refuse(values: Sequence[Any]) -> ClaimedTask:
+            raise TypeError(problem)
+
+        return refuse
+    new = object.__new__
+
+    def make(values: Sequence[Any]) -> ClaimedTask:
+        task = new(ClaimedTask)
+        fields = task.__dict__
+        fields.update(_DEFAULTS)
+        for name, factory in _FACTORIES:
+            fields[name] = factory()
+        fields.update(zip(names, values, strict=True))
+        return task
+
+    return make
+
+
+def _no_result(values: Sequence[Any]) -> ClaimedTask:
+    raise TypeError("the statement returned no rows to make ClaimedTasks of")

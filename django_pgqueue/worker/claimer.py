@@ -43,12 +43,11 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import psycopg
-from psycopg.rows import class_row
 
 from django_pgqueue import sql
 from django_pgqueue.limits import QueueLimit, Rate
 from django_pgqueue.sql import QUERIES
-from django_pgqueue.worker.claimed import ClaimedTask
+from django_pgqueue.worker.claimed import ClaimedTask, claimed_rows
 from django_pgqueue.worker.connection import CONNECTION_ERRORS, Backoff, Session
 from django_pgqueue.worker.inflight import InFlight
 from django_pgqueue.worker.listener import Listener
@@ -677,5 +676,5 @@ def route_params(
 
 
 def _fetch(conn: psycopg.Connection, query: str, params: dict) -> list[ClaimedTask]:
-    with sql.execute(conn, query, params, row_factory=class_row(ClaimedTask)) as cursor:
+    with sql.execute(conn, query, params, row_factory=claimed_rows) as cursor:
         return cursor.fetchall()

@@ -137,8 +137,13 @@ _JSON = json.JSONDecoder()
 
 def _json_loads(data: bytes) -> Any:
     """jsonb from the server (a claimed task's arguments): UTF-8, which ``json.loads``
-    would first sniff for its encoding, value by value."""
-    return _JSON.decode(data.decode())
+    would first sniff for its encoding, and one JSON value without surrounding
+    whitespace, which ``decode`` would look for around it, value by value."""
+    text = data.decode()
+    value, end = _JSON.raw_decode(text)
+    if end != len(text):  # not the server's output: decode() raises the error
+        return _JSON.decode(text)
+    return value
 
 
 class Backoff:

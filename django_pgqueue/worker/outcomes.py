@@ -103,24 +103,39 @@ class Outcome:
             self.exc = self.task.raised
 
     def as_row(self) -> dict[str, Any]:
+        """The settle statement's row (one element of its JSON array). Values that are
+        None, and flags that are false, are left out: jsonb_to_recordset reads a missing
+        key as NULL, as it reads a JSON null, and the statement takes a NULL flag as
+        false. A success's row is then six keys instead of fifteen, for the settler to
+        encode and for the server to parse. (A result or checkpoint of ``False`` is a
+        value, and is kept.)"""
         t = self.task
-        return {
+        row = {
             "id": t.id,
             "attempt": t.attempt,
             "token": t.lease_token,
             "label": self.label,
             "state": self.state,
-            "result": self.result,
-            "error": self.error,
-            "delay": self.delay,
-            "attempt_reset": self.attempt_reset,
-            "attempt_refund": self.attempt_refund,
-            "checkpoint": self.checkpoint,
-            "save_checkpoint": self.save_checkpoint,
-            "wait_reason": self.wait_reason,
-            "wait_signal": self.wait_signal,
-            "wait_seconds": self.wait_seconds,
         }
+        for key, value in (
+            ("result", self.result),
+            ("error", self.error),
+            ("delay", self.delay),
+            ("checkpoint", self.checkpoint),
+            ("wait_reason", self.wait_reason),
+            ("wait_signal", self.wait_signal),
+            ("wait_seconds", self.wait_seconds),
+        ):
+            if value is not None:
+                row[key] = value
+        for flag, value in (
+            ("attempt_reset", self.attempt_reset),
+            ("attempt_refund", self.attempt_refund),
+            ("save_checkpoint", self.save_checkpoint),
+        ):
+            if value:
+                row[flag] = True
+        return row
 
 
 def clean_text(text: str, limit: int) -> str:
