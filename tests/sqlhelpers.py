@@ -11,7 +11,7 @@ import psycopg
 from django_pgqueue.registry import registry
 from django_pgqueue.sql import QUERIES
 from django_pgqueue.worker.claimed import ClaimedTask
-from django_pgqueue.worker.claimer import _fetch, route_params
+from django_pgqueue.worker.claimer import _fetch, claim_statement, route_params
 
 
 def all_routes() -> list[tuple[str, int]]:
@@ -40,7 +40,7 @@ def claim(
         "lease_seconds": lease,
         "worker_id": worker_id,
     }
-    return _fetch(conn, "claim", params)
+    return _fetch(conn, claim_statement(params), params)
 
 
 def settle(conn: psycopg.Connection, outcomes: list[dict[str, Any]]) -> dict[int, str]:

@@ -1,6 +1,7 @@
 """The claim statement: what it takes, what it leaves, and what two claimers see."""
 
 import re
+import secrets
 import threading
 import time
 import uuid
@@ -10,10 +11,10 @@ import pytest
 from django.utils import timezone
 from psycopg.rows import class_row, tuple_row
 
-from django_pgqueue import sql
+from django_pgqueue import operations, sql
 from django_pgqueue.sql import QUERIES, positional
 from django_pgqueue.worker.claimed import ClaimedTask, claimed_rows
-from django_pgqueue.worker.claimer import route_params
+from django_pgqueue.worker.claimer import claim_statement, route_params
 from django_pgqueue.worker.connection import connect
 from tests import tasks
 from tests.factories import TaskFactory
@@ -199,3 +200,67 @@ def test_claimed_rows_make_the_task_class_row_would(pg):
         cursor.execute("SELECT 1 AS nope")
         with pytest.raises(TypeError, match=r"unknown \['nope'\]"):
             claimed_rows(cursor)((1,))
+
+
+def test_the_plain_claim_takes_what_the_full_claim_takes_for_a_lane_without_limits(pg):
+    """claim_plain is claim reduced for a lane without limits, per-key limits or rates,
+    and without a starvation escape: on the same table, in the same state, both take
+    the same rows, in the same order, with the same flags (expired, left_out)."""
+    for i in range(30):
+        tasks.noop.using(priority=i % 4).enqueue(i)
+        tasks.record.using(priority=(i + 1) % 4).enqueue(str(i))
+    expired = tasks.noop.using(priority=9, expires=0.01).enqueue(-1)
+    large = tasks.noop.using(priority=9).enqueue(secrets.token_hex(3000))  # over 4,000 bytes
+    paused = tasks.report.using(priority=9).enqueue()
+    operations.pause("default", tasks.report.name)
+    time.sleep(0.05)
+    other = connect("default")
+    try:
+        other.execute("BEGIN")
+        (locked,) = other.execute(
+            "SELECT id FROM pgqueue_task WHERE state = 'pending' AND priority = 2"
+            " ORDER BY id LIMIT 1 FOR UPDATE"
+        ).fetchone()
+
+        def take(statement: str, limit: int, batch_bytes: int | None) -> list[tuple]:
+            params = {
+                **route_params(["default"], all_routes(), 3600, claim_batch_bytes=batch_bytes),
+                "look_for_starving": False,
+                "limit": limit,
+                "token": str(uuid.uuid4()),
+                "lease_seconds": 30,
+                "worker_id": "w1",
+            }
+            assert claim_statement(params) == "claim_plain"
+            with pg.transaction(force_rollback=True):
+                claimed = sql.execute(pg, statement, params, row_factory=claimed_rows).fetchall()
+            return [(t.id, t.attempt, t.expired, t.left_out, t.key_held) for t in claimed]
+
+        seen = []
+        for limit in (1, 3, 10, 100):
+            for batch_bytes in (None, 4000):
+                plain = take("claim_plain", limit, batch_bytes)
+                assert plain == take("claim", limit, batch_bytes), (limit, batch_bytes)
+                seen += plain
+    finally:
+        other.close()
+
+    ids = {row[0] for row in seen}
+    assert expired in ids and large in ids
+    assert paused not in ids and locked not in ids
+    assert len(ids) == 61  # every row but the paused and the locked one, at limit 100
+    assert any(row[2] for row in seen)  # an expired row, flagged
+    assert any(row[3] > 0 for row in seen)  # a batch cut by its bytes
+
+
+def test_the_plain_claims_update_and_columns_are_the_full_claims():
+    """claim_plain's UPDATE and RETURNING are claim's, less the escaped rows and the
+    key_held count (always 0 without per-key limits): the two cannot drift apart."""
+    full = QUERIES["claim"][QUERIES["claim"].index("UPDATE pgqueue_task AS t"):]
+    plain = QUERIES["claim_plain"][QUERIES["claim_plain"].index("UPDATE pgqueue_task AS t"):]
+
+    assert plain == full.replace(
+        "ARRAY(SELECT id FROM escaped UNION ALL SELECT id FROM picked WHERE fits)",
+        "ARRAY(SELECT id FROM picked WHERE fits)",
+    ).replace("(SELECT count(*) FROM keyed) - (SELECT count(*) FROM allowed) AS key_held",
+              "0 AS key_held")

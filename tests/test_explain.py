@@ -113,19 +113,22 @@ def claim_params(limit: int = 10, limited: bool = False) -> dict:
     }
 
 
-def claim_plan(conn: psycopg.Connection, limited: bool = False) -> dict:
-    analyze(conn, "claim", claim_params(limited=limited))  # warm the caches
-    return analyze(conn, "claim", claim_params(limited=limited))
+def claim_plan(conn: psycopg.Connection, limited: bool = False, query: str = "claim") -> dict:
+    analyze(conn, query, claim_params(limited=limited))  # warm the caches
+    return analyze(conn, query, claim_params(limited=limited))
 
 
+@pytest.mark.parametrize("query", ["claim", "claim_plain"])
 @pytest.mark.parametrize("shape", SHAPES)
-def test_a_claim_beside_rows_it_cannot_take_reads_what_it_reads_on_a_clean_table(session, shape):
+def test_a_claim_beside_rows_it_cannot_take_reads_what_it_reads_on_a_clean_table(
+    session, shape, query
+):
     fill(session, None)
-    clean = claim_plan(session)
+    clean = claim_plan(session, query=query)
     session.execute("TRUNCATE pgqueue_task")
 
     fill(session, shape)
-    beside = claim_plan(session)
+    beside = claim_plan(session, query=query)
 
     assert beside["Actual Rows"] == 10
     assert "Seq Scan pgqueue_task" not in node_types(beside), beside

@@ -554,6 +554,107 @@ RETURNING t.id, t.task_name, t.handler_version, t.queue, t.priority, t.args, t.k
           (SELECT count(*) FROM keyed) - (SELECT count(*) FROM allowed) AS key_held;
 
 
+-- name: claim_plain
+-- The claim of a worker lane without limits: no queue in QUEUE_LIMITS among its queues,
+-- no route with a per-key concurrency or rate, and no starvation escape looked for in
+-- this call (the claimer asks once per escape window, with the full claim). For those
+-- parameters claim's limits, room, busy_keys, key_rates, window_open, starving,
+-- window_taken, escaped, rated and key_rated are empty and its filters on them pass
+-- every row, so what is left is this statement: the same routes (pauses), the same walk
+-- of pgqueue_task_claim per route with the same lock (FOR NO KEY UPDATE SKIP LOCKED),
+-- the same pick (priority, run_at, id), the same batch-bytes cut, and the same UPDATE
+-- (expiry included) and columns. Every point of claim's header holds as written there.
+-- Why a statement of its own: PostgreSQL starts up every node of a plan at every
+-- execution, and claim's empty parts (among them two INSERTs, whose relations and
+-- indexes are opened and locked) cost a third of a short claim's time; an idle worker's
+-- claim after a wake-up, and a draining worker's every claim, are this one. The UPDATE
+-- and its RETURNING are claim's, less the escaped rows and key_held (always 0 here);
+-- tests/test_claim.py keeps them identical otherwise, and checks that both statements
+-- take the same rows.
+WITH routes AS (
+    SELECT r.*
+      FROM unnest(%(route_queues)s::text[], %(route_names)s::text[],
+                  %(route_versions)s::int[])
+           AS r(queue, task_name, version)
+     WHERE NOT EXISTS (
+               SELECT 1
+                 FROM pgqueue_queue AS p
+                WHERE p.name = r.queue
+                  AND (p.paused OR p.paused_tasks ? r.task_name))
+),
+candidates AS MATERIALIZED (
+    SELECT c.id, c.priority, c.run_at, c.bytes
+      FROM routes AS r
+     CROSS JOIN LATERAL (
+               SELECT t.id, t.priority, t.run_at,
+                      pg_column_size(t.args) + pg_column_size(t.kwargs)
+                      + pg_column_size(t.metadata) + pg_column_size(t.signals)
+                      + COALESCE(pg_column_size(t.checkpoint), 0)
+                      + COALESCE(pg_column_size(t.wake), 0) AS bytes
+                 FROM pgqueue_task AS t
+                WHERE t.state = 'pending'
+                  AND t.queue = r.queue AND t.task_name = r.task_name
+                  AND t.handler_version = r.version
+                ORDER BY t.priority DESC, t.run_at, t.id
+                LIMIT %(limit)s
+                  FOR NO KEY UPDATE OF t SKIP LOCKED
+           ) AS c
+),
+picked AS MATERIALIZED (
+    SELECT a.id,
+           %(claim_batch_bytes)s::bigint IS NULL
+           OR sum(a.bytes) OVER pick <= %(claim_batch_bytes)s::bigint
+           OR row_number() OVER pick = 1 AS fits
+      FROM candidates AS a
+    WINDOW pick AS (ORDER BY a.priority DESC, a.run_at, a.id)
+     ORDER BY a.priority DESC, a.run_at, a.id
+     LIMIT %(limit)s
+)
+UPDATE pgqueue_task AS t
+   SET state = CASE WHEN t.started_at IS NULL AND t.expires_at <= statement_timestamp()
+                    THEN 'cancelled' ELSE 'running' END,
+       attempt = CASE WHEN t.started_at IS NULL AND t.expires_at <= statement_timestamp()
+                      THEN t.attempt ELSE t.attempt + 1 END,
+       lease_token = CASE WHEN t.started_at IS NULL AND t.expires_at <= statement_timestamp()
+                          THEN NULL ELSE %(token)s::uuid END,
+       lease_expires_at = CASE WHEN t.started_at IS NULL
+                                    AND t.expires_at <= statement_timestamp() THEN NULL
+                               ELSE now() + make_interval(secs => %(lease_seconds)s) END,
+       started_at = CASE WHEN t.started_at IS NULL AND t.expires_at <= statement_timestamp()
+                         THEN NULL ELSE COALESCE(t.started_at, now()) END,
+       last_attempted_at = CASE WHEN t.started_at IS NULL
+                                     AND t.expires_at <= statement_timestamp()
+                                THEN t.last_attempted_at ELSE now() END,
+       worker_id = CASE WHEN t.started_at IS NULL AND t.expires_at <= statement_timestamp()
+                        THEN t.worker_id ELSE %(worker_id)s END,
+       finished_at = CASE WHEN t.started_at IS NULL AND t.expires_at <= statement_timestamp()
+                          THEN now() ELSE t.finished_at END,
+       errors = CASE WHEN t.started_at IS NULL AND t.expires_at <= statement_timestamp()
+                     THEN t.errors || jsonb_build_array(jsonb_build_object(
+                         'attempt', t.attempt,
+                         'type', 'Expired',
+                         'message', 'expired at '
+                                    || to_char(t.expires_at AT TIME ZONE 'UTC',
+                                               'YYYY-MM-DD"T"HH24:MI:SS.MS"Z"')
+                                    || ', before it started',
+                         'traceback', NULL,
+                         'outcome', 'expired',
+                         'worker_id', %(worker_id)s::text,
+                         'at', now()))
+                     ELSE t.errors END
+ WHERE t.id = ANY (ARRAY(SELECT id FROM picked WHERE fits))
+RETURNING t.id, t.task_name, t.handler_version, t.queue, t.priority, t.args, t.kwargs,
+          t.attempt, t.max_attempts, t.retry_policy::text AS retry_policy_json,
+          EXTRACT(EPOCH FROM t.timeout)::float8 AS timeout, t.lease_token::text AS lease_token,
+          t.lease_expires_at, now() AS claimed_at, t.enqueued_at, t.run_at,
+          t.checkpoint::text AS checkpoint_json, t.cancel_requested, t.cancel_hard,
+          t.metadata::text AS metadata_json,
+          NULLIF(t.signals, '{}')::text AS signals_json, t.wake::text AS wake_json,
+          t.state = 'cancelled' AS expired,
+          (SELECT count(*) FROM picked WHERE NOT fits) AS left_out,
+          0 AS key_held;
+
+
 -- name: find_claimed
 -- After a claim whose reply never arrived (the connection dropped): the rows that claim
 -- took, if the server committed it. Walks pgqueue_task_lease (running rows only).

@@ -39,8 +39,9 @@ import threading
 import time
 import uuid
 from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import psycopg
 
@@ -406,7 +407,10 @@ class Claimer:
                     lambda conn: self._claim_limited(conn, lane, params, want), retry=False
                 )
             else:
-                tasks = self.session.call(lambda conn: _fetch(conn, "claim", params), retry=False)
+                statement = claim_statement(params)
+                tasks = self.session.call(
+                    lambda conn: _fetch(conn, statement, params), retry=False
+                )
         except CONNECTION_ERRORS:
             # The server may have committed the claim before the connection broke.
             self._unconfirmed[token] = time.monotonic() + self.lease_seconds
@@ -673,6 +677,20 @@ def route_params(
         "keyed_queues": keyed,
         "claim_batch_bytes": claim_batch_bytes,
     }
+
+
+def claim_statement(params: Mapping[str, Any]) -> str:
+    """The claim statement for these parameters: ``claim_plain`` when they name no
+    limited queue, no route with a per-key concurrency or rate, and no starvation
+    escape to look for (for those, claim reduces to it: queries.sql), else ``claim``."""
+    plain = (
+        not params["look_for_starving"]
+        and not params["limit_queues"]
+        and not params["keyed_queues"]
+        and all(limit is None for limit in params["route_key_limits"])
+        and all(rate is None for rate in params["route_key_rate_intervals"])
+    )
+    return "claim_plain" if plain else "claim"
 
 
 def _fetch(conn: psycopg.Connection, query: str, params: dict) -> list[ClaimedTask]:
