@@ -68,6 +68,8 @@ class AsyncSlots:
             asyncio.run_coroutine_threadsafe(self._run(task), self._runner.loop)
 
     async def _run(self, task: ClaimedTask) -> None:
+        if task.picked_up is not None:
+            task.picked_up.set()
         task.mark_started()
         self._running[task] = asyncio.current_task()
         try:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -82,6 +83,9 @@ class ClaimedTask:
     # The exception the handler's attempt ended with (set by outcomes.error_entry), for
     # the log record of the settlement: never stored, never sent to a process.
     raised: BaseException | None = None
+    # Set by the slot that takes the task, when the claimer waits for that (see
+    # Claimer._hand_over): an idle worker's claimer lets the slot start first.
+    picked_up: threading.Event | None = None
 
     @functools.cached_property
     def lease(self) -> Lease:

@@ -85,7 +85,7 @@ _TASK_DATETIMES = tuple(f.name for f in fields(ClaimedTask) if f.type == "dateti
 _TASK_FIELDS = tuple(
     f.name
     for f in fields(ClaimedTask)
-    if f.name not in ("received_monotonic", "started_monotonic", "context", "raised")
+    if f.name not in ("received_monotonic", "started_monotonic", "context", "raised", "picked_up")
 )
 # The exception crosses as a description (remote_error.py), beside the outcome's fields.
 _OUTCOME_FIELDS = tuple(f.name for f in fields(Outcome) if f.name not in ("task", "exc"))

@@ -176,6 +176,8 @@ class SlotPool:
             task = self._work.get()
             if task is _STOP:
                 return
+            if task.picked_up is not None:
+                task.picked_up.set()
             task.mark_started()
             with slot.lock:
                 slot.task = task
