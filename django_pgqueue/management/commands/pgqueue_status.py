@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import json
-import time
+import signal
+import threading
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError
@@ -60,13 +61,23 @@ class Command(BaseCommand):
 
     def handle(self, *args, **opts):
         interval = opts["watch"]
-        # A range, so NaN (never in range) and infinity fail too: time.sleep refuses them.
+        # A range, so NaN (never in range) and infinity fail too: the wait refuses them.
         if interval is not None and not 0 < interval <= 24 * 3600:
             raise CommandError(
                 f"--watch needs a positive number of seconds, at most a day, not {interval:g}"
             )
+        # --watch: Ctrl-C ends the loop between two reads, not inside one (a
+        # KeyboardInterrupt raised in the middle of a database call may be swallowed on
+        # its way out, and the loop would go on); a second Ctrl-C interrupts at once.
+        stop = threading.Event()
+
+        def on_interrupt(signum: int, frame: object) -> None:
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+            stop.set()
+
+        previous = signal.signal(signal.SIGINT, on_interrupt) if interval is not None else None
         try:
-            while True:
+            while not stop.is_set():
                 snapshot = read_status()
                 if opts["json"]:
                     indent = None if interval is not None else 2
@@ -80,9 +91,13 @@ class Command(BaseCommand):
                 self.stdout.flush()
                 if interval is None:
                     return
-                time.sleep(interval)
+                stop.wait(interval)
+            self.stdout.write("")
         except KeyboardInterrupt:
             self.stdout.write("")
+        finally:
+            if previous is not None:
+                signal.signal(signal.SIGINT, previous)
 
 
 def read_status() -> dict[str, Any]:
