@@ -81,6 +81,7 @@ def cell(page, task_name: str, count: str) -> int:
     return int(page.inner_text(selector).strip())
 
 
+@pytest.mark.slow  # long: run by CI's slow step, not the README's command
 def test_staff_see_the_overview_match_the_rows_retry_a_dead_task_and_others_are_refused(
     live_server, browser_context, django_user_model
 ):

@@ -69,6 +69,7 @@ def samples(count, pg, n: int = 5) -> list[int]:
     return readings
 
 
+@pytest.mark.slow  # long: run by CI's slow step, not the README's command
 def test_a_worker_holds_four_connections_of_its_own_whatever_its_concurrency(start_worker, pg):
     held = {}
     for concurrency in (1, 40):

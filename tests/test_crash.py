@@ -36,6 +36,7 @@ def test_a_task_of_a_sigkilled_worker_runs_again_elsewhere_as_attempt_2(start_wo
     assert row.errors[0]["type"] == "LeaseExpired"
 
 
+@pytest.mark.slow  # long: run by CI's slow step, not the README's command
 def test_a_task_that_kills_its_worker_every_time_ends_failed_after_max_attempts(start_worker):
     task_id = tasks.kill_my_worker.enqueue()  # max_attempts=2
 
@@ -57,6 +58,7 @@ def test_a_task_that_kills_its_worker_every_time_ends_failed_after_max_attempts(
     assert [e["type"] for e in row.errors] == ["LeaseExpired", "LeaseExpired"]
 
 
+@pytest.mark.slow  # long: run by CI's slow step, not the README's command
 def test_a_task_longer_than_its_lease_is_not_stolen_while_its_worker_lives(start_worker):
     task_id = tasks.sleep_and_record.enqueue(4)  # twice the 2 s lease
     start_worker(*FAST_LEASE)
@@ -170,6 +172,7 @@ def test_process_mode_stops_gracefully_when_the_whole_group_is_signalled(start_w
     assert Task.objects.get(pk=task_id).state == "succeeded"
 
 
+@pytest.mark.slow  # long: run by CI's slow step, not the README's command
 def test_a_stalled_worker_does_not_start_the_tasks_it_held_once_their_leases_lapsed(
     start_worker, tmp_path, monkeypatch
 ):

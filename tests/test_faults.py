@@ -215,6 +215,7 @@ CONCURRENCY = 4
 HELD_LIMIT = 4 * CONCURRENCY + max(CONCURRENCY, 100)
 
 
+@pytest.mark.slow  # long: run by CI's slow step, not the README's command
 def test_a_worker_whose_outcomes_cannot_be_written_stops_claiming(start_worker, tmp_path, pg):
     # Given a worker with 4 slots and a backlog of short tasks three times its limit
     ledger = str(tmp_path / "runs")

@@ -57,6 +57,7 @@ def wait_all_succeeded(ids: list[int], timeout: float = 60) -> None:
 
 
 # -- concurrency -----------------------------------------------------------------------
+@pytest.mark.slow  # long: run by CI's slow step, not the README's command
 def test_a_queue_concurrency_limit_holds_across_four_workers_of_eight_slots(
     start_worker, ledger_file
 ):

@@ -109,6 +109,7 @@ def test_sigterm_stops_a_worker_still_waiting_to_register(
     assert "stopped before it could register: the database was unreachable" in worker.log()
 
 
+@pytest.mark.slow  # long: run by CI's slow step, not the README's command
 def test_worker_drops_connections_that_stopped_answering_and_finishes_its_tasks(
     start_worker, proxy, quick_to_give_up
 ):
@@ -133,6 +134,7 @@ def test_worker_drops_connections_that_stopped_answering_and_finishes_its_tasks(
     assert worker.proc.poll() is None
 
 
+@pytest.mark.slow  # long: run by CI's slow step, not the README's command
 def test_sigterm_stops_a_worker_whose_database_stopped_answering(
     start_worker, proxy, quick_to_give_up
 ):

@@ -90,6 +90,7 @@ def test_sync_and_async_handlers_run_in_child_processes_and_their_outcomes_are_r
 # -- timeouts -----------------------------------------------------------------------------
 
 
+@pytest.mark.slow  # long: run by CI's slow step, not the README's command
 def test_a_handler_past_its_timeout_is_killed_before_its_retry_starts(start_worker, ledger_file):
     # Given a handler that swallows the terminate order and sleeps through its timeout
     timeout = 1.0
@@ -256,6 +257,7 @@ def test_a_handler_whose_process_dies_fails_its_attempt_and_the_pool_recovers(
 # -- shutdown -----------------------------------------------------------------------------
 
 
+@pytest.mark.slow  # long: run by CI's slow step, not the README's command
 def test_shutdown_kills_an_unfinished_handler_before_releasing_it_to_another_worker(
     start_worker, ledger_file
 ):

@@ -236,6 +236,7 @@ def test_a_hard_cancel_of_a_written_off_handler_ends_the_task_cancelled_when_it_
     assert [e["outcome"] for e in row.executions] == ["timeout"]
 
 
+@pytest.mark.slow  # long: run by CI's slow step, not the README's command
 def test_a_hung_handler_never_overlaps_its_retry_which_starts_once_its_thread_ended(
     start_worker, watchdog, ledger_file
 ):
@@ -277,6 +278,7 @@ def test_a_hung_handler_never_overlaps_its_retry_which_starts_once_its_thread_en
     assert [w.proc.poll() for w in workers] == [None, None]
 
 
+@pytest.mark.slow  # long: run by CI's slow step, not the README's command
 def test_a_process_holding_a_hung_handler_exits_after_write_off_exit_after_and_is_replaced(
     start_worker, watchdog, ledger_file, exits
 ):
