@@ -558,11 +558,12 @@ class Claimer:
         adopted: bool = False,
         first_starts: bool = False,
     ) -> None:
-        """Give claimed tasks to their lane's slots. ``first_starts``: a slot is free for
-        the first task, so the claimer waits (at most PICKUP_WAIT) until a slot has taken
-        it, before its own work after a claim: the slot's thread then runs at once
-        instead of waiting for the interpreter until the claimer's next statement (some
-        0.3 ms of an idle worker's wake-up)."""
+        """Give claimed tasks to their lane's slots. ``first_starts``: the claim came back
+        short, so the worker has room; if a slot's thread is idle, the claimer waits (at
+        most PICKUP_WAIT) until a slot has taken the first task, before its own work
+        after a claim: the slot's thread then runs at once instead of waiting for the
+        interpreter until the claimer's next statement (some 0.3 ms of an idle worker's
+        wake-up)."""
         if not tasks:
             return
         if lane is self._both:  # a claim for both lanes: each task to its own
@@ -572,7 +573,9 @@ class Claimer:
             return
         tasks.sort(key=lambda t: (-t.priority, t.run_at, t.id))
         self.inflight.add(tasks)
-        picked_up = tasks[0].picked_up = threading.Event() if first_starts else None
+        # Only while a slot's thread is idle: a task queued behind busy slots waits anyway.
+        idle = first_starts and len(lane.pool.busy()) < lane.pool.size
+        picked_up = tasks[0].picked_up = threading.Event() if idle else None
         lane.pool.submit(tasks, overflow=adopted)
         self.stats.incr("claimed", len(tasks))
         if picked_up is not None:
