@@ -28,10 +28,10 @@ from django.contrib.admin.models import CHANGE, DELETION, LogEntry
 from django.db import transaction
 from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse
-from django.urls import reverse
 from django.utils import timezone
 from django.utils.html import format_html
 
+from django_pgqueue.admin.common import _url
 from django_pgqueue.admin.databases import (
     DatabaseFilter,
     database_of,
@@ -225,14 +225,7 @@ class ScheduleAdmin(ForgedInputMixin, admin.ModelAdmin):
     def name_display(self, obj: Schedule) -> str:
         if obj.definition is None:
             return obj.name
-        url = with_database(
-            reverse(
-                "admin:django_pgqueue_schedule_change",
-                args=[obj.pk],
-                current_app=self.admin_site.name,
-            ),
-            database_of(obj._state.db),
-        )
+        url = with_database(_url(self, "schedule_change", obj.pk), database_of(obj._state.db))
         return format_html('<a href="{}">{}</a>', url, obj.name)
 
     # -- columns ----------------------------------------------------------------------
@@ -266,12 +259,7 @@ class ScheduleAdmin(ForgedInputMixin, admin.ModelAdmin):
         if obj.last_task_id is None:
             return EMPTY
         url = with_database(
-            reverse(
-                "admin:django_pgqueue_task_change",
-                args=[obj.last_task_id],
-                current_app=self.admin_site.name,
-            ),
-            database_of(obj._state.db),
+            _url(self, "task_change", obj.last_task_id), database_of(obj._state.db)
         )
         return format_html('<a href="{}">#{}</a>', url, obj.last_task_id)
 
