@@ -451,6 +451,12 @@ SETTINGS: tuple[Setting, ...] = (
         "(statement_timeout); a slower search stops and says so (docs/admin.md).",
         above=0,
     ),
+    Setting(
+        "ADMIN_COUNT_ESTIMATE_ABOVE", 1_000_000, int,
+        "Past this many tasks (the planner's estimate), the unfiltered task list shows the "
+        "estimate instead of counting every row; None always counts (docs/admin.md).",
+        minimum=0, nullable=True,
+    ),
     # -- retention ---------------------------------------------------------------------
     Setting(
         "RESULT_TTL", 24 * 3600.0, float,

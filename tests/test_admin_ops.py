@@ -9,12 +9,14 @@ from django.contrib.admin.models import ADDITION, LogEntry
 from django.contrib.auth.models import Permission
 from django.db import connection
 from django.test import override_settings
+from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 from django.utils import timezone
 
 from django_pgqueue import operations
 from django_pgqueue.admin import bulk
 from django_pgqueue.models import Task, Worker
+from django_pgqueue.sql import QUERIES
 from django_pgqueue.templatetags.pgqueue_admin import short_name
 from tests.factories import TaskFactory
 
@@ -363,3 +365,71 @@ def test_long_dotted_task_names_are_shortened_at_a_dot_keeping_the_last_part():
     assert short_name("tests.tasks.noop") == "tests.tasks.noop"
     assert short_name("shop.orders.tasks.sync_order_with_the_erp") == "…sync_order_with_the_erp"
     assert short_name("company.shop.orders.tasks.sync") == "…shop.orders.tasks.sync"
+
+
+# -- the unfiltered list's count --------------------------------------------------------
+
+
+def _fill_and_analyze(n: int) -> None:
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "INSERT INTO pgqueue_task (task_name, state) "
+            "SELECT 'tests.tasks.noop', 'succeeded' FROM generate_series(1, %s)",
+            [n],
+        )
+        cursor.execute("ANALYZE pgqueue_task")
+
+
+def _counts_of_tasks(queries) -> list[str]:
+    return [
+        q["sql"] for q in queries if "COUNT(*)" in q["sql"].upper() and "pgqueue_task" in q["sql"]
+    ]
+
+
+@override_settings(PGQUEUE={"ADMIN_COUNT_ESTIMATE_ABOVE": 100})
+def test_the_unfiltered_list_of_a_large_table_shows_the_estimate_without_counting(
+    admin_client,
+):
+    _fill_and_analyze(300)
+    with connection.cursor() as cursor:
+        cursor.execute(QUERIES["task_count_estimate"])
+        (estimate,) = cursor.fetchone()
+
+    with CaptureQueriesContext(connection) as queries:
+        page = admin_client.get(TASKS)
+
+    assert page.status_code == 200
+    cl = page.context["cl"]
+    assert cl.paginator.estimated
+    assert cl.result_count == estimate and 200 < estimate < 400
+    assert _counts_of_tasks(queries) == []
+    assert f"about {estimate} tasks" in page.content.decode()
+    assert len(cl.result_list) == 100  # the first page, newest first
+    assert cl.result_list[0].pk == Task.objects.order_by("-pk").first().pk
+
+
+@override_settings(PGQUEUE={"ADMIN_COUNT_ESTIMATE_ABOVE": 100})
+def test_a_filtered_list_is_counted_exactly(admin_client):
+    _fill_and_analyze(300)
+    TaskFactory.create_batch(3, state="failed")
+
+    with CaptureQueriesContext(connection) as queries:
+        page = admin_client.get(TASKS, {"state__exact": "failed"})
+
+    cl = page.context["cl"]
+    assert not cl.paginator.estimated
+    assert cl.result_count == 3
+    assert len(_counts_of_tasks(queries)) == 1
+    assert "about" not in page.content.decode().split('class="paginator"')[1]
+
+
+@pytest.mark.parametrize("above", [None, 1_000_000])
+def test_a_table_below_the_setting_or_with_it_off_is_counted_exactly(admin_client, above):
+    _fill_and_analyze(300)
+
+    with override_settings(PGQUEUE={"ADMIN_COUNT_ESTIMATE_ABOVE": above}):
+        page = admin_client.get(TASKS)
+
+    cl = page.context["cl"]
+    assert not cl.paginator.estimated
+    assert cl.result_count == Task.objects.count() == 300

@@ -32,6 +32,7 @@ from django_pgqueue.admin.common import (
     _url,
     relative_time,
 )
+from django_pgqueue.admin.counts import TaskPaginator
 from django_pgqueue.admin.databases import (
     DatabaseFilter,
     database_of,
@@ -535,6 +536,7 @@ class TaskAdmin(ForgedInputMixin, admin.ModelAdmin):
     date_hierarchy = "enqueued_at"
     list_per_page = 100
     show_full_result_count = False  # one count(*) per page view is enough
+    paginator = TaskPaginator  # an estimate for the unfiltered list of a large table
     show_facets = admin.ShowFacets.NEVER  # a count per filter choice: a scan each
     change_list_template = "admin/django_pgqueue/task/change_list.html"
     change_form_template = "admin/django_pgqueue/task/change_form.html"

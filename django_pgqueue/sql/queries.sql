@@ -2223,3 +2223,18 @@ DELETE FROM pgqueue_schedule
  WHERE name = %(name)s::text
    AND definition IS NOT NULL
 RETURNING name;
+
+
+-- name: task_count_estimate
+-- The task list's row count when nothing filters it (admin/counts.py): the planner's
+-- estimate, the rows per page of the last ANALYZE scaled to the table's pages now (as
+-- the planner scales it), instead of a count(*) that reads every row. NULL before the
+-- table's first ANALYZE. Reads one pg_class row and the relation's size: no index.
+SELECT CASE
+         WHEN c.reltuples < 0 THEN NULL
+         WHEN c.relpages = 0 THEN c.reltuples::bigint
+         ELSE (c.reltuples / c.relpages
+               * (pg_relation_size(c.oid) / current_setting('block_size')::int))::bigint
+       END
+  FROM pg_class AS c
+ WHERE c.oid = 'pgqueue_task'::regclass;
