@@ -64,7 +64,10 @@ class ForgedInputMixin:
             raise IncorrectLookupParameters("a parameter of the list holds a NUL character")
         return super().get_changelist_instance(request)  # type: ignore[misc]
 
-    def response_action(self, request: HttpRequest, queryset: QuerySet) -> HttpResponse | None:
+    def response_action(
+        self, request: HttpRequest, queryset: QuerySet, *args: Any, **kwargs: Any
+    ) -> HttpResponse | None:
+        # *args, **kwargs: Django 6.1 passes the action's location (change list or form).
         field = self.model._meta.pk
         for value in request.POST.getlist(helpers.ACTION_CHECKBOX_NAME):
             try:
@@ -78,4 +81,4 @@ class ForgedInputMixin:
                     f"the {field.name} of a {self.model._meta.verbose_name}.",
                 )
                 return HttpResponseRedirect(request.get_full_path())
-        return super().response_action(request, queryset)  # type: ignore[misc]
+        return super().response_action(request, queryset, *args, **kwargs)  # type: ignore[misc]

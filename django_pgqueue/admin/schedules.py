@@ -31,7 +31,7 @@ from django.http import HttpRequest, HttpResponse
 from django.utils import timezone
 from django.utils.html import format_html
 
-from django_pgqueue.admin.common import _url
+from django_pgqueue.admin.common import WithoutDeleteSelected, _url
 from django_pgqueue.admin.databases import (
     DatabaseFilter,
     database_of,
@@ -146,7 +146,8 @@ def _whole(value: float | None) -> float | int | None:
 
 
 @admin.register(Schedule)
-class ScheduleAdmin(ForgedInputMixin, admin.ModelAdmin):
+# Without Django's "delete selected": replaced by delete_removed.
+class ScheduleAdmin(WithoutDeleteSelected, ForgedInputMixin, admin.ModelAdmin):
     form = RuntimeScheduleForm
     list_display = (
         "name_display",
@@ -202,11 +203,6 @@ class ScheduleAdmin(ForgedInputMixin, admin.ModelAdmin):
 
     def delete_model(self, request: HttpRequest, obj: Schedule) -> None:
         Schedule.objects.using(request_database(request)).filter(pk=obj.pk).delete()
-
-    def get_actions(self, request: HttpRequest) -> dict:
-        actions = super().get_actions(request)
-        actions.pop("delete_selected", None)  # replaced by delete_removed
-        return actions
 
     @staticmethod
     def _declared(obj: Schedule) -> ScheduleDefinition | None:

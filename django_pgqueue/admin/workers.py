@@ -14,6 +14,7 @@ from django.utils.html import format_html
 from django.utils.safestring import mark_safe
 
 from django_pgqueue.admin.common import (
+    WithoutDeleteSelected,
     _url,
     can_view_tasks,
     relative_time,
@@ -35,7 +36,8 @@ from django_pgqueue.templatetags.pgqueue_admin import short_name
 
 
 @admin.register(Worker)
-class WorkerAdmin(ForgedInputMixin, admin.ModelAdmin):
+# Without Django's "delete selected": a live worker would only register again.
+class WorkerAdmin(WithoutDeleteSelected, ForgedInputMixin, admin.ModelAdmin):
     list_display = (
         "id",
         "status",
@@ -65,11 +67,6 @@ class WorkerAdmin(ForgedInputMixin, admin.ModelAdmin):
 
     def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False  # a worker writes its own row
-
-    def get_actions(self, request: HttpRequest) -> dict:
-        actions = super().get_actions(request)
-        actions.pop("delete_selected", None)  # a live worker would only register again
-        return actions
 
     def _stale_after(self) -> timedelta:
         return timedelta(seconds=get_settings().WORKER_STALE_AFTER)

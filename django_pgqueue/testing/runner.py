@@ -282,7 +282,7 @@ def _claim_one(
 
 def _run(connection: BaseDatabaseWrapper, alias: str, task: ClaimedTask) -> TaskRun:
     """Run the claimed task's handler and write its outcome."""
-    savepoint = transaction.savepoint(using=alias) if connection.in_atomic_block else None
+    savepoint = connection.savepoint() if connection.in_atomic_block else None
     hooks_before = len(connection.run_on_commit)
     task.mark_started()
     if _is_async(task):
