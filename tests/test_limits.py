@@ -10,6 +10,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+import psycopg
 import pytest
 from django.db import connection
 
@@ -157,6 +158,28 @@ def test_rates_are_parsed_with_their_burst_and_spacing():
 def test_invalid_limits_are_refused_with_what_to_write(limits, message):
     with pytest.raises(ValueError, match=message):
         parse_limits(limits)
+
+
+def test_a_claim_frozen_holding_a_limited_queue_lock_holds_up_only_that_queue(
+    start_worker, db_url
+):
+    """A worker frozen inside its limited claim (SIGSTOP, a VM pause) holds that queue's
+    claim lock until its transaction ends; the others go on claiming their other queues,
+    and claim the limited one as soon as the lock is free."""
+    # Given a worker of "default" and "limited", and the lock of "limited" held by a
+    # transaction that stays open, as a frozen claimer's would
+    start_worker("--queues", "default,limited")
+    with psycopg.connect(db_url) as frozen:
+        frozen.execute("SELECT pg_advisory_xact_lock(1885827330, hashtext('limited'))")
+        # When tasks of both queues arrive
+        limited = noop.using(queue="limited").enqueue_many(range(3))
+        plain = noop.enqueue_many(range(3))
+        # Then the other queue's run, while the limited ones wait for the lock
+        wait_all_succeeded(plain, timeout=10)
+        assert states(limited) == {"pending": 3}
+        frozen.rollback()  # the frozen claim's transaction ends
+    # and the limited ones run once it is free
+    wait_all_succeeded(limited, timeout=10)
 
 
 # -- pause -----------------------------------------------------------------------------

@@ -828,16 +828,21 @@ SELECT id, state, resumes,
 
 -- name: lock_limited_queues
 -- Before a limited claim, in its transaction: one advisory transaction lock per limited
--- queue (class 1885827330, object hashtext(queue)), taken in one order (by the lock's
--- object) so two claimers never deadlock. Claims of one limited queue take turns for
--- the length of one claim; claims of other queues never wait. It is a statement of its
--- own because READ COMMITTED takes a statement's snapshot when it starts: the claim
--- that follows sees everything the previous holder committed.
-SELECT count(pg_advisory_xact_lock(1885827330, h))
-  FROM (SELECT DISTINCT hashtext(q) AS h
-          FROM unnest(%(queues)s::text[]) AS q
-         ORDER BY 1
-        OFFSET 0) AS s;
+-- (or keyed) queue (class 1885827330, object hashtext(queue)); the queues it locked.
+-- Claims of one limited queue take turns for the length of one claim. It is a
+-- statement of its own because READ COMMITTED takes a statement's snapshot when it
+-- starts: the claim that follows sees everything the previous holder committed.
+-- It never waits: a queue whose lock another claim holds is left out, and the claimer
+-- claims the rest (its other queues, and those it locked) and tries the left-out ones
+-- again shortly. Waiting would let one worker frozen inside its claim (SIGSTOP, a VM
+-- pause, a swap storm) hold up every other worker's claims, of every queue claimed
+-- together with a limited one, until its transaction ended; now it holds up only the
+-- claims of the queues it holds. Try-locks never deadlock, whatever their order.
+SELECT coalesce(array_agg(q ORDER BY q) FILTER (WHERE locked), '{}')
+  FROM (SELECT q, pg_try_advisory_xact_lock(1885827330, hashtext(q)) AS locked
+          FROM (SELECT DISTINCT q FROM unnest(%(queues)s::text[]) AS q
+                 ORDER BY 1
+                OFFSET 0) AS d) AS t;
 
 
 -- name: snooze_throttled_keys

@@ -24,7 +24,8 @@ that cannot proceed never lets claimed-but-unrecorded work pile up.
 
 Limits (docs/limits.md): a lane whose routes include a limited queue (QUEUE_LIMITS) or
 a task with a per-key limit claims in a transaction: ``lock_limited_queues``, then the
-claim. A queue at its concurrency limit
+claim. The locks are never waited for: a queue whose lock another claim holds is left
+out of this claim and tried again LANE_RECHECK later. A queue at its concurrency limit
 wakes the claimer again through the notification its settlements send; a queue out of
 rate budget, when its next start is due: after a short claim of a rate-limited lane,
 ``limit_state`` says when.
@@ -33,13 +34,14 @@ rate budget, when its next start is due: after a short claim of a rate-limited l
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import random
 import threading
 import time
 import uuid
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -115,10 +117,12 @@ class Claimer:
         limits = {q: limit for q, limit in (limits or {}).items() if q in queues}
         key_limits = key_limits or {}
 
-        def params(lane_routes: list[tuple[str, int]]) -> dict[str, object]:
+        def params(
+            lane_routes: list[tuple[str, int]], only: list[str] | None = None
+        ) -> dict[str, object]:
             return route_params(
-                queues, lane_routes, starvation_timeout, limits, key_limits,
-                claim_batch_bytes=claim_batch_bytes, key_rates=key_rates,
+                queues if only is None else only, lane_routes, starvation_timeout, limits,
+                key_limits, claim_batch_bytes=claim_batch_bytes, key_rates=key_rates,
             )  # fmt: skip
 
         self._route_params = params(routes)
@@ -136,6 +140,9 @@ class Claimer:
             if len(self._lanes) > 1
             else None
         )  # fmt: skip
+        for lane in self._all_lanes:
+            # The lane's claim without the queues whose lock another claim holds.
+            lane.narrowed = functools.partial(params, lane.routes)
         self._idle_rounds = False  # the last round claimed nothing in any lane
         self._lane_of = {route: lane for lane in self._lanes for route in lane.routes}
         self._stage_at = 0.0  # monotonic: stage before the next claim once past it
@@ -461,7 +468,15 @@ class Claimer:
         lane.snoozed = 0
         conn.execute("BEGIN")
         try:
-            conn.execute(QUERIES["lock_limited_queues"], {"queues": lane.lock_queues})
+            (locked,) = conn.execute(
+                QUERIES["lock_limited_queues"], {"queues": lane.lock_queues}
+            ).fetchone()
+            left_out = [q for q in lane.lock_queues if q not in locked]
+            if left_out:
+                # Another claim holds their lock (for a moment, or frozen inside its
+                # claim): claim the rest now, and those again LANE_RECHECK later.
+                self.stats.incr("claim_lock_busy")
+                params = {**params, **lane.narrowed_to(left_out)}
             tasks = _fetch(conn, "claim", params)
             if lane.key_rated and (
                 (len(tasks) < want and not (tasks and tasks[0].left_out))
@@ -483,6 +498,9 @@ class Claimer:
         if len(tasks) < want and not cut and any(limit.rate for limit in lane.limits.values()):
             rows = conn.execute(QUERIES["limit_state"], lane.state_params).fetchall()
             lane.throttled_until = self._throttle_until(lane, rows)
+        if left_out:
+            soon = time.monotonic() + LANE_RECHECK
+            lane.throttled_until = min(lane.throttled_until or soon, soon)
         return tasks
 
     def _throttle_until(self, lane: _Lane, rows: list[tuple]) -> float:
@@ -616,6 +634,18 @@ class _Lane:
     throttled_until: float = 0.0
     # Rows of keys out of their rate's budget set aside by this lane's last claim.
     snoozed: int = 0
+    # route_params for some of the worker's queues, with this lane's routes (Claimer).
+    narrowed: Callable[[list[str]], dict[str, object]] | None = None
+    _narrowed: dict[frozenset[str], dict[str, object]] = field(default_factory=dict)
+
+    def narrowed_to(self, left_out: list[str]) -> dict[str, object]:
+        """The claim's parameters without the queues ``left_out`` (cached)."""
+        key = frozenset(left_out)
+        if key not in self._narrowed:
+            assert self.narrowed is not None
+            queues = [q for q in self.params["queues"] if q not in key]
+            self._narrowed[key] = self.narrowed(queues)
+        return self._narrowed[key]
 
     @property
     def key_rated(self) -> bool:
