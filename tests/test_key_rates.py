@@ -53,7 +53,9 @@ def claim(conn: psycopg.Connection, limit: int = 10) -> tuple[list[ClaimedTask],
     rows back; the claimed rows and how many were set aside."""
     p = params(limit)
     with conn.transaction():
-        conn.execute(QUERIES["lock_limited_queues"], {"queues": ["default"]})
+        conn.execute(
+            QUERIES["lock_limited_queues"], {"queues": ["default"], "lock_timeout": "200"}
+        )
         with conn.cursor(row_factory=class_row(ClaimedTask)) as cursor:
             tasks = cursor.execute(QUERIES["claim"], p).fetchall()
         snoozed = 0

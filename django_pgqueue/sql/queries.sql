@@ -828,16 +828,31 @@ SELECT id, state, resumes,
 
 -- name: lock_limited_queues
 -- Before a limited claim, in its transaction: one advisory transaction lock per limited
--- (or keyed) queue (class 1885827330, object hashtext(queue)); the queues it locked.
--- Claims of one limited queue take turns for the length of one claim. It is a
--- statement of its own because READ COMMITTED takes a statement's snapshot when it
--- starts: the claim that follows sees everything the previous holder committed.
--- It never waits: a queue whose lock another claim holds is left out, and the claimer
--- claims the rest (its other queues, and those it locked) and tries the left-out ones
--- again shortly. Waiting would let one worker frozen inside its claim (SIGSTOP, a VM
--- pause, a swap storm) hold up every other worker's claims, of every queue claimed
--- together with a limited one, until its transaction ended; now it holds up only the
--- claims of the queues it holds. Try-locks never deadlock, whatever their order.
+-- (or keyed) queue (class 1885827330, object hashtext(queue)), taken in one order (by
+-- the lock's object) so two claimers never deadlock. Claims of one limited queue take
+-- turns for the length of one claim. It is a statement of its own because READ
+-- COMMITTED takes a statement's snapshot when it starts: the claim that follows sees
+-- everything the previous holder committed.
+-- It waits at most %(lock_timeout)s ms (lock_timeout, for this transaction only: set
+-- first, as the lateral join orders it): a worker frozen inside its claim (SIGSTOP, a
+-- VM pause) would otherwise hold up every other worker's claims, of every queue claimed
+-- together with a limited one, until its transaction ended. Past it the statement
+-- fails (lock_not_available); the claimer claims its other queues and, for a while,
+-- only tries these locks (try_lock_limited_queues).
+SELECT count(pg_advisory_xact_lock(1885827330, s.h))
+  FROM (SELECT set_config('lock_timeout', %(lock_timeout)s, true) AS t) AS c,
+       LATERAL (SELECT DISTINCT hashtext(q) AS h
+                  FROM unnest(%(queues)s::text[]) AS q
+                 WHERE c.t IS NOT NULL
+                 ORDER BY 1
+                OFFSET 0) AS s;
+
+
+-- name: try_lock_limited_queues
+-- lock_limited_queues without waiting, while a lock of these queues was found held
+-- past its lock_timeout (its holder is likely frozen): the queues it locked. The
+-- claimer claims those and its other queues, and leaves out the rest. Try-locks never
+-- deadlock, whatever their order.
 SELECT coalesce(array_agg(q ORDER BY q) FILTER (WHERE locked), '{}')
   FROM (SELECT q, pg_try_advisory_xact_lock(1885827330, hashtext(q)) AS locked
           FROM (SELECT DISTINCT q FROM unnest(%(queues)s::text[]) AS q

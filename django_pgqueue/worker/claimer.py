@@ -24,8 +24,9 @@ that cannot proceed never lets claimed-but-unrecorded work pile up.
 
 Limits (docs/limits.md): a lane whose routes include a limited queue (QUEUE_LIMITS) or
 a task with a per-key limit claims in a transaction: ``lock_limited_queues``, then the
-claim. The locks are never waited for: a queue whose lock another claim holds is left
-out of this claim and tried again LANE_RECHECK later. A queue at its concurrency limit
+claim. The locks are waited for at most LOCK_WAIT_MS: past it (the holder is likely
+frozen inside its claim), the lane claims its other queues, and for LOCK_HELD_FOR only
+tries the locks, leaving out a queue whose lock is held. A queue at its concurrency limit
 wakes the claimer again through the notification its settlements send; a queue out of
 rate budget, when its next start is due: after a short claim of a rate-limited lane,
 ``limit_state`` says when.
@@ -81,6 +82,12 @@ LANE_RECHECK = 0.05
 # (_hand_over): a slot takes it within microseconds; the bound is for a pool that
 # cannot (its slots were all taken meanwhile).
 PICKUP_WAIT = 0.002
+# How long a limited claim waits for its queues' lock (ms), which another claim holds
+# for about a millisecond; past it, the holder is taken for frozen inside its claim,
+# and for LOCK_HELD_FOR seconds the lane's claims only try the lock, leaving out the
+# queues whose lock is held (and claiming its other queues).
+LOCK_WAIT_MS = "200"
+LOCK_HELD_FOR = 2.0
 # Rows at the head of each route with a per-key rate that a short claim looks at for
 # keys out of budget, to set them aside until their key's next start (snooze_throttled).
 SNOOZE_BATCH = 100
@@ -468,13 +475,26 @@ class Claimer:
         lane.snoozed = 0
         conn.execute("BEGIN")
         try:
-            (locked,) = conn.execute(
-                QUERIES["lock_limited_queues"], {"queues": lane.lock_queues}
-            ).fetchone()
-            left_out = [q for q in lane.lock_queues if q not in locked]
+            left_out: list[str] = []
+            queues = {"queues": lane.lock_queues}
+            if time.monotonic() < lane.lock_held_until:
+                (locked,) = conn.execute(
+                    QUERIES["try_lock_limited_queues"], queues
+                ).fetchone()
+                left_out = [q for q in lane.lock_queues if q not in locked]
+            else:
+                try:
+                    conn.execute(
+                        QUERIES["lock_limited_queues"], {**queues, "lock_timeout": LOCK_WAIT_MS}
+                    )
+                except psycopg.errors.LockNotAvailable:
+                    # Held past LOCK_WAIT_MS: its holder is likely frozen in its claim.
+                    conn.execute("ROLLBACK")
+                    conn.execute("BEGIN")
+                    lane.lock_held_until = time.monotonic() + LOCK_HELD_FOR
+                    left_out = list(lane.lock_queues)
             if left_out:
-                # Another claim holds their lock (for a moment, or frozen inside its
-                # claim): claim the rest now, and those again LANE_RECHECK later.
+                # Claim the rest now, and those again LANE_RECHECK later.
                 self.stats.incr("claim_lock_busy")
                 params = {**params, **lane.narrowed_to(left_out)}
             tasks = _fetch(conn, "claim", params)
@@ -634,6 +654,8 @@ class _Lane:
     throttled_until: float = 0.0
     # Rows of keys out of their rate's budget set aside by this lane's last claim.
     snoozed: int = 0
+    # monotonic: until then, claims only try the queues' lock (LOCK_HELD_FOR)
+    lock_held_until: float = 0.0
     # route_params for some of the worker's queues, with this lane's routes (Claimer).
     narrowed: Callable[[list[str]], dict[str, object]] | None = None
     _narrowed: dict[frozenset[str], dict[str, object]] = field(default_factory=dict)
