@@ -165,8 +165,10 @@ def _check(value: Any, depth: int) -> Any:
                 exc.steps.append(f"[{key!r}]")
                 raise
         return checked
+    # "Unsupported type: <class ...>": the words of Django's normalize_json, which
+    # Django's own tests and users' log searches look for.
     raise _Refused(
-        f"{type(value).__name__} {short_repr(value)} is not JSON serializable; pass "
+        f"Unsupported type: {type(value)}: {short_repr(value)} is not JSON serializable; pass "
         "plain JSON values (str, int, float, bool, None, list, dict), e.g. an id or an "
         "ISO-8601 string instead of a model instance or a datetime"
     )

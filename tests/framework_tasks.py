@@ -116,6 +116,11 @@ def returns_nan() -> float:
 
 
 @task
+def returns_a_function() -> object:
+    return lambda: True  # neither JSON nor picklable, as Django's complex_return_value
+
+
+@task
 def observed(fail: bool = False) -> str:
     if fail:
         raise RuntimeError("observed failure")

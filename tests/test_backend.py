@@ -583,6 +583,21 @@ def test_a_return_value_that_cannot_be_stored_fails_as_a_type_error_without_retr
 
 
 @with_worker
+def test_a_return_value_of_a_type_json_lacks_fails_in_the_frameworks_words(start_worker):
+    # Django's own test (test_complex_return_value) and log searches look for
+    # normalize_json's "Unsupported type"; the message also names the value.
+    result = framework_tasks.returns_a_function.enqueue()
+
+    run_burst(start_worker)
+    result.refresh()
+
+    assert (result.status, result.attempts) == (FAILED, 1)
+    assert result.errors[0].exception_class is TypeError
+    assert "result: Unsupported type: <class 'function'>: <function " in result.errors[0].traceback
+    assert "is not JSON serializable" in result.errors[0].traceback
+
+
+@with_worker
 def test_native_and_framework_tasks_share_the_table_and_the_worker(start_worker):
     native_id = tasks.noop.enqueue(7)
     result = framework_tasks.add.enqueue(3, 4)

@@ -105,19 +105,6 @@ class WorkerRunsEachTask(test_immediate_backend.ImmediateBackendTestCase, Transa
         self.assertEqual(default_task_backend.alias, "default")
         self.assertEqual(default_task_backend.options, ONE_TRY)
 
-    def test_complex_return_value(self) -> None:
-        """Replaces Django's test of the same name, which also expects normalize_json's
-        wording ("Unsupported type"): the queue's message names the offending value."""
-        with self.assertLogs("django.tasks", level="ERROR"):
-            result = django_tasks.complex_return_value.enqueue()
-
-        self.assertEqual(result.status, TaskResultStatus.FAILED)
-        self.assertEqual(result.attempts, 1)
-        self.assertIsNone(result._return_value)
-        self.assertEqual(result.errors[0].exception_class, TypeError)
-        self.assertIn("cannot be stored", result.errors[0].traceback)
-        self.assertIn("is not JSON serializable", result.errors[0].traceback)
-
     def test_accepts_run_after(self) -> None:  # replaces test_cannot_pass_run_after
         later = django_tasks.noop_task.using(run_after=timezone.now())
 
