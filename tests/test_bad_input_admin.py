@@ -8,10 +8,16 @@ button; and a user without the permission changes nothing (the task, queue, work
 and schedule tables and the admin log are as before). Query strings and forms are
 sent percent-encoded as bytes, so they may hold NUL and invalid UTF-8 (a lone
 surrogate's bytes), as a forger's may.
+
+The same holds for every input that takes JSON (admin/input.py): the enqueue form,
+Send signal, the schedule forms (add and change) and the task list's search by
+content, given text nested thousands deep, megabytes long, numbers past a bigint or
+past 1,000 digits, NaN, NUL and lone surrogates, escaped or not.
 """
 
 from __future__ import annotations
 
+import json
 import uuid
 from datetime import timedelta
 from urllib.parse import quote
@@ -25,9 +31,11 @@ from django.utils import timezone
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
+from django_pgqueue import add_schedule
 from django_pgqueue.models import Queue, Schedule, Task, Worker
+from tests import periodic_tasks
 from tests.factories import TaskFactory
-from tests.fuzzing import big_ints, examples, hostile_text
+from tests.fuzzing import big_ints, examples, hostile_text, json_ish
 
 pytestmark = pytest.mark.django_db
 
@@ -63,6 +71,87 @@ actions = st.one_of(
                      "delete_selected", "remove_stale", "run_now", "delete_removed"]),
     hostile_text,
 )  # fmt: skip
+
+
+# Text typed where the admin takes JSON.
+json_texts = st.one_of(
+    st.integers(1, 5000).flatmap(
+        lambda n: st.sampled_from(["[" * n + "]" * n, '{"k":' * n + "1" + "}" * n, "[" * n])
+    ),
+    st.sampled_from(
+        ["", " ", "null", "[]", "{}", "1", '"x"', "NaN", "[-Infinity]", "1e999", '{"a": 1e999}',
+         "9" * 5000, "[" + "9" * 5000 + "]", "-" + "9" * 1001, str(2**63), f"[{2**64}]",
+         '"\\u0000"', '["\\ud800"]', '{"\\udce9": 1}', "\x00", '["a\x00b"]', "\ud800",
+         '"caf\udce9"', '{"email": "ann@example.com"}', '[1, "fr"]', "[1,", "{'a': 1}",
+         "[" + "1," * 200_000 + "1]"]
+    ),
+    st.sampled_from([10**5, 2 * 10**6]).map(lambda n: json.dumps(["x" * n])),
+    json_ish.map(lambda value: json.dumps(value, skipkeys=True, default=repr)),
+)  # fmt: skip
+NOOP = "tests.tasks.noop"
+BEAT = periodic_tasks.beat.name
+RUNTIME = "fuzzed"  # the runtime schedule the fixture adds, whose change form is posted
+
+
+def _form(**fields) -> st.SearchStrategy[list[tuple[str, str]]]:
+    return st.fixed_dictionaries(fields).map(lambda d: list(d.items()))
+
+
+post_enqueue = st.tuples(
+    st.just("POST"),
+    st.just(f"{ADMIN}/task/enqueue/"),
+    st.just([]),
+    _form(
+        task=st.sampled_from([f"{NOOP}@1", f"{NOOP}@9", "os.system@1"]) | values,
+        args=json_texts,
+        kwargs=json_texts,
+        queue=st.sampled_from(["", "default"]) | values,
+        priority=st.sampled_from(["", "5"]) | values,
+        delay=st.sampled_from(["", "1", "1e308", "1e999", "nan", "-0"]) | values,
+    ),
+)
+schedule_fields = _form(
+    name=st.sampled_from(["new", RUNTIME]) | values,
+    task=st.sampled_from([BEAT, "os.system"]) | values,
+    cron=st.sampled_from(["", "0 7 * * mon", "* * * * *"]) | values,
+    every=st.sampled_from(["", "1", "60", "1e999", "nan"]) | values,
+    timezone=st.sampled_from(["UTC", "Europe/Paris", "../etc"]) | values,
+    args=json_texts,
+    kwargs=json_texts,
+    missed=st.sampled_from(["once", "skip", "all"]) | values,
+    catch_up_limit=st.sampled_from(["10"]) | values,
+    queue=st.sampled_from(["", "default"]) | values,
+    priority=st.sampled_from(["", "1"]) | values,
+    max_attempts=st.sampled_from(["", "3"]) | values,
+    timeout=st.sampled_from(["", "1.5", "1e999"]) | values,
+    metadata=json_texts,
+)
+post_schedule = st.tuples(
+    st.just("POST"),
+    st.sampled_from([f"{ADMIN}/schedule/add/", f"{ADMIN}/schedule/{RUNTIME}/change/"]),
+    st.just([]),
+    schedule_fields,
+)
+post_signal = st.tuples(
+    st.just("POST"),
+    st.tuples(st.sampled_from(REAL), st.just("signal")),
+    st.just([]),
+    _form(name=st.sampled_from(["go", "other"]) | values, payload=json_texts),
+)
+search_content = st.tuples(
+    st.just("GET"),
+    st.just(f"{ADMIN}/task/"),
+    st.lists(
+        st.tuples(
+            st.sampled_from(["args", "kwargs", "metadata", "error", "search_below", "q"]),
+            json_texts | values,
+        ),
+        min_size=1,
+        max_size=3,
+    ),
+    st.just([]),
+)
+json_requests = st.one_of(post_enqueue, post_schedule, post_signal, search_content)
 
 
 def _encode(text: str) -> str:
@@ -163,6 +252,7 @@ def real_tasks() -> list[int]:
         concurrency=1, last_heartbeat_at=now - timedelta(days=1),
     )  # fmt: skip
     Schedule.objects.create(name="removed", task_name="gone", spec="every 1h", timezone="UTC")
+    add_schedule(RUNTIME, BEAT, every=60, args=["a"])
     return [row.pk for row in rows]
 
 
@@ -196,14 +286,20 @@ def _state() -> tuple:
     )  # fmt: skip
 
 
+def _short(request) -> str:
+    """The request for a failure's message, cut to 2,000 characters."""
+    text = repr(request)
+    return text if len(text) <= 2000 else f"{text[:1000]} ... {text[-1000:]}"
+
+
 def _check(visitors: dict[str, Client], request, ids: list[int]) -> None:
     for name in ("anonymous", "viewer"):
         before = _state()
         response = _send(visitors[name], request, ids)
-        assert response.status_code != 500, (name, request)
-        assert _state() == before, f"{name} changed something with {request}"
+        assert response.status_code != 500, (name, _short(request))
+        assert _state() == before, f"{name} changed something with {_short(request)}"
     response = _send(visitors["superuser"], request, ids)
-    assert response.status_code != 500, ("superuser", request)
+    assert response.status_code != 500, ("superuser", _short(request))
 
 
 @settings(max_examples=examples(150))
@@ -225,6 +321,20 @@ def _check(visitors: dict[str, Client], request, ids: list[int]) -> None:
 @example(request=("POST", (REAL[2], "signal"), [], [("name", "go"), ("payload", "[" * 2000)]))
 @example(request=("POST", (REAL[2], "signal"), [], [("name", "go"), ("payload", "9" * 5000)]))
 def test_no_forged_request_is_a_server_error_nor_a_change_without_permission(
+    visitors, real_tasks, request
+):
+    _check(visitors, request, real_tasks)
+
+
+@settings(max_examples=examples(120))
+@given(request=json_requests)
+@example(request=("POST", f"{ADMIN}/schedule/add/", [], [("name", "deep"), ("task", BEAT),
+    ("every", "60"), ("timezone", "UTC"), ("args", "[" * 5000 + "]" * 5000),
+    ("missed", "once"), ("catch_up_limit", "10")]))  # RecursionError in the form field
+@example(request=("POST", f"{ADMIN}/task/enqueue/", [], [("task", f"{NOOP}@1"),
+    ("args", "[" * 5000 + "]" * 5000)]))
+@example(request=("GET", f"{ADMIN}/task/", [("kwargs", '{"k":' * 5000 + "1" + "}" * 5000)], []))
+def test_no_json_typed_into_a_form_or_a_search_box_is_a_server_error(
     visitors, real_tasks, request
 ):
     _check(visitors, request, real_tasks)
@@ -309,3 +419,25 @@ def test_a_signal_payload_python_cannot_parse_is_a_form_error(admin_client, payl
     assert error in response.content.decode()
     task.refresh_from_db()
     assert (task.state, task.signals) == ("waiting", {})
+
+
+@pytest.mark.parametrize(
+    ("field", "text", "error"),
+    [("args", "[" * 5000 + "]" * 5000, "args: nested deeper than 100 levels"),
+     ("kwargs", '{"k":' * 5000 + "1" + "}" * 5000, "kwargs: nested deeper than 100 levels"),
+     ("metadata", '{"n": ' + "9" * 5000 + "}", "metadata: a number is longer than 1000 digits"),
+     ("args", '["\\u0000"]', "args[0]: strings must not contain NUL characters"),
+     ("args", "[NaN]", "args[0]: nan is not valid JSON")],
+)  # fmt: skip
+def test_json_a_schedule_form_cannot_take_is_a_form_error_and_writes_nothing(
+    admin_client, field, text, error
+):
+    form = {"name": "bad", "task": BEAT, "cron": "", "every": "60", "timezone": "UTC",
+            "args": "[]", "kwargs": "{}", "missed": "once", "catch_up_limit": "10",
+            "metadata": "", field: text}  # fmt: skip
+
+    response = admin_client.post(f"{ADMIN}/schedule/add/", form)
+
+    assert response.status_code == 200  # the form again, with the error
+    assert error in response.content.decode()
+    assert not Schedule.objects.filter(pk="bad").exists()

@@ -2,8 +2,8 @@
 
 Only tasks registered in this process (``@task``, the registry) can be chosen: a name
 typed into a form never reaches the table. The arguments are JSON, checked as
-``enqueue()`` checks them (``payload.parse_json`` for the text, then the enqueue path
-itself: JSON values, sizes, options), and must fit the function's signature. The
+``enqueue()`` checks them (``JSONInput`` for the text, then the enqueue path itself:
+JSON values, sizes, options), and must fit the function's signature. The
 task's metadata records who enqueued it: ``{"enqueued_by": "admin:<username>"}``.
 
 Permission: ``django_pgqueue.add_task`` (Django's add permission on tasks; the task
@@ -24,10 +24,10 @@ from django.template.response import TemplateResponse
 
 from django_pgqueue.admin.common import _url
 from django_pgqueue.admin.databases import with_database
+from django_pgqueue.admin.input import JSONInput
 from django_pgqueue.conf import database_for
 from django_pgqueue.exceptions import InvalidTaskError
 from django_pgqueue.models import Task
-from django_pgqueue.payload import parse_json
 from django_pgqueue.registry import ContextTaskDefinition, TaskDefinition, registry
 
 if TYPE_CHECKING:
@@ -47,14 +47,14 @@ def _choices() -> list[tuple[str, str]]:
 
 class EnqueueForm(forms.Form):
     task = forms.ChoiceField(help_text="A task registered in this process, at a handler version.")
-    args = forms.CharField(
+    args = JSONInput(
+        where="args",
         required=False,
-        widget=forms.Textarea(attrs={"rows": 3, "cols": 60}),
         help_text='A JSON array of positional arguments, e.g. [42, "fr"]; empty for none.',
     )
-    kwargs = forms.CharField(
+    kwargs = JSONInput(
+        where="kwargs",
         required=False,
-        widget=forms.Textarea(attrs={"rows": 3, "cols": 60}),
         help_text='A JSON object of keyword arguments, e.g. {"order_id": 42}; empty for none.',
     )
     queue = forms.CharField(
@@ -70,7 +70,7 @@ class EnqueueForm(forms.Form):
         self.fields["task"].choices = _choices()
 
     def clean_args(self) -> list[Any]:
-        value = self._json("args", "args")
+        value = self.cleaned_data["args"]
         if value is None:
             return []
         if not isinstance(value, list):
@@ -78,18 +78,12 @@ class EnqueueForm(forms.Form):
         return value
 
     def clean_kwargs(self) -> dict[str, Any]:
-        value = self._json("kwargs", "kwargs")
+        value = self.cleaned_data["kwargs"]
         if value is None:
             return {}
         if not isinstance(value, dict):
             raise forms.ValidationError(f"kwargs must be a JSON object, not {type(value).__name__}")
         return value
-
-    def _json(self, name: str, where: str) -> Any:
-        try:
-            return parse_json(self.cleaned_data[name], where)
-        except InvalidTaskError as exc:
-            raise forms.ValidationError(str(exc)) from None
 
     def definition(self) -> TaskDefinition[..., Any]:
         name, _, version = self.cleaned_data["task"].rpartition("@")

@@ -1,16 +1,25 @@
-"""The admin's answers to input no form checks: query strings and selections.
+"""The admin's answers to input no form checks (query strings and selections), and the
+one field every admin form reads JSON with.
 
 A list's filters, search and date drill-down come from the URL, and an action's
 selection from the POST: anyone can forge them. A value PostgreSQL cannot take (a NUL
 character), or one that is no id of the model, must not reach a query, where it would
 raise a database error (a server error page) instead of the admin's own answers:
 "?e=1" for a list's bad parameters, a message for a bad selection, 404 for a page.
+
+JSON typed into the admin (the enqueue form's arguments, Send signal's payload, a
+runtime schedule's arguments and metadata, the task list's search by content) is read
+by ``payload.parse_json`` and nothing else, through ``JSONInput`` in the forms: text
+nested thousands deep, a number of 5,000 digits, NaN, a NUL or a lone surrogate is the
+same clear error everywhere, never a server error.
 """
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
+from django import forms
 from django.contrib import messages
 from django.contrib.admin import helpers
 from django.contrib.admin.options import IncorrectLookupParameters
@@ -18,7 +27,34 @@ from django.core.exceptions import ValidationError
 from django.db.models import QuerySet
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect, QueryDict
 
+from django_pgqueue.exceptions import InvalidTaskError
+from django_pgqueue.payload import parse_json
+
 TASK_ID_MAX = 2**63 - 1  # the id column is a bigint
+
+
+class JSONInput(forms.CharField):
+    """A JSON value typed into a textarea, read by ``payload.parse_json`` (as the API
+    checks values: depth, numbers, NaN, NUL, surrogates); empty text is None. ``where``
+    names the value in its errors ("args: nested deeper than 100 levels")."""
+
+    widget = forms.Textarea(attrs={"rows": 3, "cols": 60})
+
+    def __init__(self, *, where: str, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.where = where
+
+    def to_python(self, value: Any) -> Any:
+        try:
+            return parse_json(super().to_python(value), self.where)
+        except InvalidTaskError as exc:
+            raise forms.ValidationError(str(exc)) from None
+
+    def prepare_value(self, value: Any) -> Any:
+        """Text as typed (a form shown again with its errors), a stored value as JSON."""
+        if isinstance(value, str) or value is None:
+            return value
+        return json.dumps(value, ensure_ascii=False)
 
 
 def has_nul(query: QueryDict) -> bool:

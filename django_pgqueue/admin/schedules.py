@@ -39,7 +39,7 @@ from django_pgqueue.admin.databases import (
     request_read_database,
     with_database,
 )
-from django_pgqueue.admin.input import ForgedInputMixin
+from django_pgqueue.admin.input import ForgedInputMixin, JSONInput
 from django_pgqueue.exceptions import InvalidTaskError
 from django_pgqueue.models import Schedule
 from django_pgqueue.periodic import ScheduleDefinition, next_tick, run_now, schedule_registry
@@ -60,24 +60,6 @@ EMPTY = "-"
 MISSED_CHOICES = [("once", "once"), ("skip", "skip"), ("all", "all")]
 
 
-class JSONInput(forms.CharField):
-    """A JSON value typed in a textarea; the API checks what it may hold."""
-
-    widget = forms.Textarea(attrs={"rows": 2, "cols": 60})
-
-    def to_python(self, value: Any) -> Any:
-        text = super().to_python(value)
-        if text in ("", None):
-            return None
-        try:
-            return json.loads(text)
-        except ValueError as exc:
-            raise forms.ValidationError(f"not JSON: {exc}") from None
-
-    def prepare_value(self, value: Any) -> Any:
-        return value if isinstance(value, str) or value is None else json.dumps(value)
-
-
 class RuntimeScheduleForm(forms.ModelForm):
     """A runtime schedule: add_schedule's arguments, validated as the API validates
     them (runtime_schedules._stored) before anything is written."""
@@ -87,15 +69,17 @@ class RuntimeScheduleForm(forms.ModelForm):
     cron = forms.CharField(required=False, help_text="five fields, e.g. 0 7 * * mon")
     every = forms.FloatField(required=False, help_text="seconds (>= 1); or a cron")
     timezone = forms.CharField(initial="UTC", help_text="IANA time zone, for cron")
-    args = JSONInput(required=False, initial="[]", help_text="JSON list")
-    kwargs = JSONInput(required=False, initial="{}", help_text="JSON object")
+    args = JSONInput(where="args", required=False, initial="[]", help_text="JSON list")
+    kwargs = JSONInput(where="kwargs", required=False, initial="{}", help_text="JSON object")
     missed = forms.ChoiceField(choices=MISSED_CHOICES, initial="once")
     catch_up_limit = forms.IntegerField(initial=10, help_text='with missed "all"')
     queue = forms.CharField(required=False, help_text="default: the task's")
     priority = forms.IntegerField(required=False, help_text="default: the task's")
     max_attempts = forms.IntegerField(required=False, help_text="default: the task's")
     timeout = forms.FloatField(required=False, help_text="seconds; default: the task's")
-    metadata = JSONInput(required=False, help_text="JSON object, added to the task's")
+    metadata = JSONInput(
+        where="metadata", required=False, help_text="JSON object, added to the task's"
+    )
 
     FIELDS = ("task", "cron", "every", "timezone", "args", "kwargs", "missed",
               "catch_up_limit", "queue", "priority", "max_attempts", "timeout",

@@ -20,15 +20,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from django.contrib import admin, messages
+from django.core.exceptions import ValidationError
 from django.db.models import QuerySet, TextField
 from django.db.models.functions import Cast
 from django.http import HttpRequest
 
-from django_pgqueue.admin.input import task_id
+from django_pgqueue.admin.input import JSONInput, task_id
 from django_pgqueue.conf import get_settings
-from django_pgqueue.exceptions import InvalidTaskError
 from django_pgqueue.models import Task
-from django_pgqueue.payload import parse_json
 
 # URL parameter -> (label, what it matches)
 JSON_FIELDS = {
@@ -102,9 +101,9 @@ class ContentSearchFilter(admin.ListFilter):
             if name not in terms:
                 continue
             try:
-                value = parse_json(terms[name], label)
-            except InvalidTaskError as exc:
-                refused.append(str(exc))
+                value = JSONInput(where=label).clean(terms[name])
+            except ValidationError as exc:
+                refused.append(exc.messages[0])
                 continue
             if value is None:
                 refused.append(f"{label}: null matches nothing; give a JSON value")

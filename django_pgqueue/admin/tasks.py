@@ -44,6 +44,7 @@ from django_pgqueue.admin.databases import (
 from django_pgqueue.admin.enqueue import can_enqueue, enqueue_view
 from django_pgqueue.admin.input import (
     ForgedInputMixin,
+    JSONInput,
     task_id,
     task_id_or_404,
 )
@@ -60,7 +61,6 @@ from django_pgqueue.models import (
     Worker,
 )
 from django_pgqueue.overview import WAIT_REASONS, humanize_seconds
-from django_pgqueue.payload import parse_json
 from django_pgqueue.registry import registry
 from django_pgqueue.templatetags.pgqueue_admin import short_name
 
@@ -196,18 +196,12 @@ class SignalForm(forms.Form):
     """Send signal: a name and a JSON payload (django_pgqueue.signal)."""
 
     name = forms.CharField(max_length=255, help_text="The name the task suspends on.")
-    payload = forms.CharField(
+    payload = JSONInput(
+        where="the payload",
         required=False,
-        widget=forms.Textarea(attrs={"rows": 3, "cols": 60}),
         help_text='JSON, e.g. {"approved_by": "ops"} or "yes"; empty for null. The task '
         "reads it in context.signals[name].",
     )
-
-    def clean_payload(self) -> Any:
-        try:
-            return parse_json(self.cleaned_data["payload"], "the payload")
-        except InvalidTaskError as exc:
-            raise forms.ValidationError(str(exc)) from None
 
 
 # -- list filters ---------------------------------------------------------------------
