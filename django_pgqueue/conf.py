@@ -436,8 +436,9 @@ SETTINGS: tuple[Setting, ...] = (
     # -- the admin ---------------------------------------------------------------------
     Setting(
         "ADMIN_SHOW_PAYLOADS", True, bool,
-        "Whether the admin's task pages show what the tasks' code put in a row: args, "
-        "kwargs, result, checkpoint, progress and the signals' payloads (docs/security.md).",
+        "Whether the admin shows and searches what the tasks' code put in a row: args, "
+        "kwargs, result, checkpoint, progress, the signals' payloads, and runtime "
+        "schedules' args and kwargs (docs/security.md).",
     ),
     Setting(
         "ADMIN_SEARCH_ROWS", 1_000_000, int,

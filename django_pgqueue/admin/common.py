@@ -10,7 +10,7 @@ from django.contrib import admin
 from django.http import HttpRequest
 from django.urls import reverse
 from django.utils import timezone
-from django.utils.html import format_html
+from django.utils.html import format_html, format_html_join
 from django.utils.safestring import mark_safe
 
 from django_pgqueue.admin.databases import (
@@ -24,6 +24,21 @@ from django_pgqueue.overview import humanize_seconds
 
 JSON_DISPLAY_LIMIT = 100_000  # characters of a payload shown on the detail page
 EMPTY = "-"
+
+# A task row's JSON columns are each a payload or the queue's own record. A payload is
+# what the task's code, or whoever enqueued or signalled the task, put in the row: shown
+# as JSON, or hidden with PGQUEUE["ADMIN_SHOW_PAYLOADS"] = False, on every page (through
+# _payload and _with_payloads) and from the search by content (admin/search.py). The
+# record is always shown and searchable: operators need it to see why a task failed
+# (docs/security.md says to keep personal data out of exception messages and metadata).
+# ``wake`` is the queue's record of what woke a task, holding a signal's payload.
+PAYLOAD_FIELDS = frozenset(
+    {"args", "kwargs", "result", "checkpoint", "progress", "signals", "wake"}
+)
+RECORD_FIELDS = frozenset({"errors", "executions", "retry_policy", "metadata"})
+HIDDEN = mark_safe(
+    '<span class="pgqueue-hidden quiet">hidden (PGQUEUE["ADMIN_SHOW_PAYLOADS"] is False)</span>'
+)
 
 STATE_COLOURS = {
     TaskState.SCHEDULED: "#5b7f95",
@@ -67,15 +82,36 @@ def _pretty_json(value: Any) -> str:
     return format_html('<pre class="pgqueue-json">{}</pre>', text)
 
 
+def payloads_shown() -> bool:
+    """Whether the admin shows payloads (PAYLOAD_FIELDS) and searches them."""
+    return get_settings().ADMIN_SHOW_PAYLOADS
+
+
 def _payload(value: Any) -> str:
-    """What a task's code put in its row (args, kwargs, result, checkpoint, progress,
-    signals): shown as JSON, or hidden with PGQUEUE['ADMIN_SHOW_PAYLOADS'] = False."""
-    if not get_settings().ADMIN_SHOW_PAYLOADS:
-        return mark_safe(
-            '<span class="pgqueue-hidden quiet">hidden (PGQUEUE["ADMIN_SHOW_PAYLOADS"] '
-            "is False)</span>"
-        )
+    """A payload (PAYLOAD_FIELDS, or a runtime schedule's arguments): shown as JSON, or
+    hidden with PGQUEUE['ADMIN_SHOW_PAYLOADS'] = False."""
+    if not payloads_shown():
+        return HIDDEN
     return _pretty_json(value)
+
+
+def _with_payloads(record: Any, *keys: str) -> str:
+    """A JSON object of the queue's own that holds payloads under ``keys`` (a wake-up's
+    signal payload, a runtime schedule's arguments): shown whole, or with those values
+    hidden. Anything but an object is hidden whole."""
+    if not isinstance(record, dict):
+        return _payload(record)
+    hidden = [key for key in keys if key in record]
+    if payloads_shown() or not hidden:
+        return _pretty_json(record)
+    rest = {name: value for name, value in record.items() if name not in hidden}
+    return format_html(
+        "{}{}",
+        _pretty_json(rest),
+        format_html_join(
+            "", '<div class="pgqueue-hidden-key">{}: {}</div>', ((k, HIDDEN) for k in hidden)
+        ),
+    )
 
 
 def _url(model_admin: admin.ModelAdmin, name: str, *args: Any) -> str:

@@ -13,6 +13,10 @@ Permissions are Django's model permissions on Schedule, staff only: viewing need
 ``delete_schedule``. A schedule from code is never changed nor deleted here, only
 paused and resumed. Every write goes through runtime_schedules.py, validated as the API.
 
+A runtime schedule's args and kwargs are the payloads of every task it enqueues: with
+``ADMIN_SHOW_PAYLOADS = False`` its page hides them, and its change form neither shows
+them nor changes them unless new JSON is typed in.
+
 The list reads from the read database (``READ_DATABASE`` when set); the actions
 re-select the rows on ``DATABASE`` and write there.
 """
@@ -31,7 +35,12 @@ from django.http import HttpRequest, HttpResponse
 from django.utils import timezone
 from django.utils.html import format_html
 
-from django_pgqueue.admin.common import WithoutDeleteSelected, _url
+from django_pgqueue.admin.common import (
+    WithoutDeleteSelected,
+    _url,
+    _with_payloads,
+    payloads_shown,
+)
 from django_pgqueue.admin.databases import (
     DatabaseFilter,
     database_of,
@@ -58,6 +67,11 @@ from django_pgqueue.templatetags.pgqueue_admin import short_name
 
 EMPTY = "-"
 MISSED_CHOICES = [("once", "once"), ("skip", "skip"), ("all", "all")]
+PAYLOADS = ("args", "kwargs")  # a runtime schedule's: its tasks' arguments
+KEPT_HELP = (
+    'hidden (PGQUEUE["ADMIN_SHOW_PAYLOADS"] is False): empty keeps the stored value; '
+    "JSON replaces it"
+)
 
 
 class RuntimeScheduleForm(forms.ModelForm):
@@ -93,13 +107,23 @@ class RuntimeScheduleForm(forms.ModelForm):
         super().__init__(*args, **kwargs)
         self.fields["task"].choices = [(t.name, t.name) for t in _registered()]
         data = self.instance.definition if self.instance.pk else None
+        # Payloads hidden: the stored arguments are neither shown nor, left empty, changed.
+        self.kept = {f: data.get(f) for f in PAYLOADS} if isinstance(data, dict) else {}
+        if payloads_shown():
+            self.kept = {}
         if isinstance(data, dict):
             for field in self.FIELDS:
-                if data.get(field) is not None:
+                if field in self.kept:
+                    self.initial[field] = ""
+                    self.fields[field].help_text = KEPT_HELP
+                elif data.get(field) is not None:
                     self.initial[field] = data[field]
 
     def schedule_fields(self) -> dict[str, Any]:
         fields = {f: self.cleaned_data.get(f) for f in self.FIELDS}
+        for field, stored in self.kept.items():
+            if fields[field] is None:
+                fields[field] = stored
         fields["args"] = [] if fields["args"] is None else fields["args"]
         fields["every"] = _whole(fields["every"])
         fields["cron"] = fields["cron"] or None
@@ -169,7 +193,7 @@ class ScheduleAdmin(WithoutDeleteSelected, ForgedInputMixin, admin.ModelAdmin):
     def get_fields(self, request: HttpRequest, obj: Any = None) -> list[str]:
         if obj is not None and not self.has_change_permission(request, obj):
             return [  # viewing only: the row as stored
-                "name", "task_name", "spec", "timezone", "definition", "created_at",
+                "name", "task_name", "spec", "timezone", "definition_display", "created_at",
                 "paused_at", "resumed_at", "last_tick", "last_task_id",
             ]  # fmt: skip
         return ["name", *RuntimeScheduleForm.FIELDS]
@@ -200,6 +224,11 @@ class ScheduleAdmin(WithoutDeleteSelected, ForgedInputMixin, admin.ModelAdmin):
                 obj._pgqueue_definition = cached
             return cached[1]
         return schedule_registry.find(obj.name)
+
+    @admin.display(description="definition")
+    def definition_display(self, obj: Schedule) -> str:
+        """A runtime schedule as stored; its arguments are payloads (hidden or not)."""
+        return _with_payloads(obj.definition, *PAYLOADS) if obj.definition else EMPTY
 
     @admin.display(description="name", ordering="name")
     def name_display(self, obj: Schedule) -> str:

@@ -12,6 +12,11 @@ date) narrow the same window further.
 The parameters are those of the list's URL, so they are kept in its links, its
 pagination, its actions and their "select all" (the bulk actions act on what the
 search found, in that window).
+
+Arguments and keyword arguments are payloads (admin/common.py): with
+``ADMIN_SHOW_PAYLOADS = False`` they are not searched (their fields are not drawn, and
+a URL that gives them is refused and searches nothing), or a search could confirm a
+value the pages hide. Metadata and errors are the queue's record, shown and searched.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ from django.db.models import QuerySet, TextField
 from django.db.models.functions import Cast
 from django.http import HttpRequest
 
+from django_pgqueue.admin.common import PAYLOAD_FIELDS, payloads_shown
 from django_pgqueue.admin.input import JSONInput, task_id
 from django_pgqueue.conf import get_settings
 from django_pgqueue.models import Task
@@ -70,6 +76,7 @@ class ContentSearchFilter(admin.ListFilter):
     title = "content"
     # Drawn above the list (the search form), not in the sidebar: an empty template.
     template = "admin/django_pgqueue/task/content_filter.html"
+    parameters = PARAMETERS
 
     def __init__(self, request, params, model, model_admin):
         super().__init__(request, params, model, model_admin)
@@ -90,7 +97,7 @@ class ContentSearchFilter(admin.ListFilter):
         return []
 
     def expected_parameters(self) -> list[str]:
-        return list(PARAMETERS)
+        return list(self.parameters)
 
     def queryset(self, request: HttpRequest, queryset: QuerySet) -> QuerySet:
         terms = {k: v for k, v in self.values.items() if k != BELOW_PARAMETER}
@@ -99,6 +106,12 @@ class ContentSearchFilter(admin.ListFilter):
         refused: list[str] = []
         for name, (label, column) in JSON_FIELDS.items():
             if name not in terms:
+                continue
+            if column in PAYLOAD_FIELDS and not payloads_shown():
+                refused.append(
+                    f"{label}: not searched while payloads are hidden "
+                    '(PGQUEUE["ADMIN_SHOW_PAYLOADS"] is False)'
+                )
                 continue
             try:
                 value = JSONInput(where=label).clean(terms[name])
@@ -140,8 +153,10 @@ def search_context(request: HttpRequest, changelist: Any) -> dict[str, Any]:
     context: dict[str, Any] = {
         "fields": [
             {"name": name, "label": label, "value": request.GET.get(name, "")}
-            for name, (label, _) in JSON_FIELDS.items()
+            for name, (label, column) in JSON_FIELDS.items()
+            if payloads_shown() or column not in PAYLOAD_FIELDS
         ],
+        "payloads_hidden": not payloads_shown(),
         "error": request.GET.get(ERROR_PARAMETER, ""),
         "rows": get_settings().ADMIN_SEARCH_ROWS,
         "timeout": get_settings().ADMIN_SEARCH_TIMEOUT,

@@ -31,6 +31,7 @@ from django_pgqueue.admin.common import (
     _replica_of,
     _state_html,
     _url,
+    _with_payloads,
     relative_time,
 )
 from django_pgqueue.admin.counts import TaskPaginator
@@ -255,6 +256,7 @@ class HandlerVersionFilter(admin.SimpleListFilter):
     title = "handler version"
     parameter_name = "handler_version"
     ALSO = "handler_version__exact"  # the name of Django's field filter, kept working
+    parameters = (parameter_name, ALSO)
 
     def __init__(self, request, params, model, model_admin):
         if self.ALSO in params and self.parameter_name not in params:
@@ -263,7 +265,7 @@ class HandlerVersionFilter(admin.SimpleListFilter):
         super().__init__(request, params, model, model_admin)
 
     def expected_parameters(self):
-        return [self.parameter_name, self.ALSO]
+        return list(self.parameters)
 
     def lookups(self, request, model_admin):
         values = {d.version for d in registry.all()}
@@ -797,7 +799,7 @@ class TaskAdmin(WithoutDeleteSelected, ForgedInputMixin, admin.ModelAdmin):
 
     @admin.display(description="woken by")
     def wake_display(self, obj: Task) -> str:
-        return _pretty_json(obj.wake)
+        return _with_payloads(obj.wake, "payload")
 
     @admin.display(description="lease expires")
     def lease_expires_display(self, obj: Task) -> str:
