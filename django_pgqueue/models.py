@@ -92,6 +92,9 @@ class Task(models.Model):
     class Meta:
         db_table = "pgqueue_task"
         ordering = ["-id"]
+        # The admin's enqueue form runs any registered task with any arguments, queue
+        # and priority: a permission of its own, not Django's add_task (docs/security.md).
+        permissions = [("enqueue_task", "Can enqueue any registered task from the admin")]
         indexes = [
             # The claim: an index-ordered top-N per (queue, task, version) over pending
             # rows, which are all due (scheduled rows are not in it). A claim walks only

@@ -264,8 +264,11 @@ def test_a_user_who_may_only_view_cannot_run_a_bulk_action(staff_client):
 # -- enqueue from the admin -----------------------------------------------------------
 
 
-def test_enqueue_needs_the_add_permission(staff_client):
-    client = staff_client("view_task", "change_task")
+@pytest.mark.parametrize("codenames", [("view_task", "change_task"), ("view_task", "add_task")])
+def test_enqueue_needs_a_permission_of_its_own_not_add_task(staff_client, codenames):
+    # add_task is Django's "can add task": granting it must not hand out running any
+    # registered task with any arguments, queue and priority.
+    client = staff_client(*codenames)
     assert client.get(ENQUEUE).status_code == 403
     assert client.post(ENQUEUE, {"task": "tests.tasks.noop@1"}).status_code == 403
     assert "pgqueue-enqueue-link" not in client.get(TASKS).content.decode()
@@ -273,7 +276,7 @@ def test_enqueue_needs_the_add_permission(staff_client):
 
 
 def test_an_operator_enqueues_a_registered_task_with_json_arguments(staff_client):
-    client = staff_client("view_task", "add_task")
+    client = staff_client("view_task", "enqueue_task")
     assert "pgqueue-enqueue-link" in client.get(TASKS).content.decode()
 
     page = client.post(

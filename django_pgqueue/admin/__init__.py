@@ -9,7 +9,7 @@ handler)", which a process-mode worker acts on), delete only matches finished ro
 Permissions are Django's model permissions, staff only (the admin site's login):
 viewing tasks, the overview and the workers needs ``view_task`` (or ``change_task``);
 retry, cancel, requeue and sending a signal need ``change_task``; delete needs
-``delete_task``; removing
+``delete_task``; enqueueing a task needs ``enqueue_task`` (declared on Task); removing
 stale worker rows needs ``delete_worker``; pausing and resuming queues from the
 overview needs ``pause_queue`` (declared on the QueueOverview proxy).
 

@@ -6,8 +6,9 @@ typed into a form never reaches the table. The arguments are JSON, checked as
 JSON values, sizes, options), and must fit the function's signature. The
 task's metadata records who enqueued it: ``{"enqueued_by": "admin:<username>"}``.
 
-Permission: ``django_pgqueue.add_task`` (Django's add permission on tasks; the task
-has no add form: it is written only through ``enqueue()``).
+Permission: ``django_pgqueue.enqueue_task``, a permission of its own (models.Task):
+the form runs any registered task with any arguments, queue and priority, more than
+Django's ``add_task`` says where a group is given it. The task has no add form.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ if TYPE_CHECKING:
 
 
 def can_enqueue(request: HttpRequest) -> bool:
-    return request.user.has_perm("django_pgqueue.add_task")
+    return request.user.has_perm("django_pgqueue.enqueue_task")
 
 
 def _choices() -> list[tuple[str, str]]:
@@ -110,7 +111,7 @@ def _check_signature(definition: TaskDefinition[..., Any], args: list[Any], kwar
 
 def enqueue_view(model_admin: TaskAdmin, request: HttpRequest) -> HttpResponse:
     if not can_enqueue(request):
-        raise PermissionDenied("Enqueue a task: permission denied (needs add_task)")
+        raise PermissionDenied("Enqueue a task: permission denied (needs enqueue_task)")
     request.current_app = model_admin.admin_site.name
     changelist_url = _url(model_admin, "task_changelist")
     if request.method == "POST":

@@ -903,7 +903,7 @@ class TaskAdmin(WithoutDeleteSelected, ForgedInputMixin, admin.ModelAdmin):
 
     def enqueue_view(self, request: HttpRequest) -> HttpResponse:
         """Enqueue a registered task with JSON arguments (admin/enqueue.py). Needs
-        ``add_task``."""
+        ``enqueue_task``."""
         return enqueue_view(self, request)
 
     def signal_view(self, request: HttpRequest, object_id: str) -> HttpResponse:
