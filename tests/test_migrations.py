@@ -175,3 +175,201 @@ def test_a_migration_behind_an_open_transaction_gives_up_at_lock_timeout_not_blo
         assert done.returncode == 0 or "lock timeout" in done.stderr, f"{name}: {done.stderr}"
         assert enqueuer.errors == [], f"enqueues failed during {name}"
         assert enqueuer.done > 0
+
+
+# -- migrating back ---------------------------------------------------------------------
+# Every migration reverses, or refuses before it changes anything. The schema is read
+# from the catalog: what a migration left behind shows here, whatever Django's
+# django_migrations table says.
+
+SCHEMA_QUERIES = {
+    "columns": """
+        SELECT table_name, column_name, data_type, character_maximum_length, is_nullable,
+               column_default
+          FROM information_schema.columns
+         WHERE table_schema = 'public' AND table_name LIKE 'pgqueue%%'
+         ORDER BY 1, 2""",
+    "indexes": """
+        SELECT tablename, indexname, indexdef FROM pg_indexes
+         WHERE schemaname = 'public' AND tablename LIKE 'pgqueue%%' ORDER BY 1, 2""",
+    "constraints": """
+        SELECT conrelid::regclass::text, conname, contype, pg_get_constraintdef(oid),
+               convalidated
+          FROM pg_constraint
+         WHERE conrelid::regclass::text LIKE 'pgqueue%%' ORDER BY 1, 2""",
+    "triggers": """
+        SELECT tgrelid::regclass::text, tgname, pg_get_triggerdef(oid) FROM pg_trigger
+         WHERE NOT tgisinternal AND tgrelid::regclass::text LIKE 'pgqueue%%' ORDER BY 1, 2""",
+    "functions": """
+        SELECT proname, pg_get_functiondef(oid) FROM pg_proc
+         WHERE proname LIKE 'pgqueue%%' ORDER BY 1""",
+    "table options": """
+        SELECT relname, reloptions FROM pg_class
+         WHERE relkind = 'r' AND relname LIKE 'pgqueue%%' ORDER BY 1""",
+    "invalid indexes": "SELECT indexrelid::regclass::text FROM pg_index WHERE NOT indisvalid",
+    "applied": """
+        SELECT name FROM django_migrations WHERE app = 'django_pgqueue' ORDER BY name""",
+}
+# What a task is, whatever columns later migrations added: compared across a round trip.
+TASK_COLUMNS = (
+    "id, queue, task_name, handler_version, priority, state, args, kwargs, run_at, "
+    "enqueued_at, started_at, finished_at, attempt, max_attempts, lease_token, worker_id, "
+    "result, errors, unique_key, checkpoint, progress, cancel_requested, metadata"
+)
+
+
+def schema(scratch: Scratch) -> dict[str, list[tuple]]:
+    """The django_pgqueue part of the catalog, and the migrations Django lists."""
+    with scratch.connect() as conn:
+        return {name: conn.execute(query).fetchall() for name, query in SCHEMA_QUERIES.items()}
+
+
+def rows(scratch: Scratch, table: str, columns: str = "*") -> list[tuple]:
+    with scratch.connect() as conn:
+        return conn.execute(f"SELECT {columns} FROM {table} ORDER BY 1").fetchall()
+
+
+def populate(scratch: Scratch) -> None:
+    """A queue in use, at the latest migration: a task in every state but waiting (with
+    unique keys, a lease, a result, errors), finished tasks joined by a dependency edge,
+    a worker, a paused queue, a schedule from code, a key's rate state."""
+    with scratch.connect() as conn:
+        conn.execute("""
+            INSERT INTO pgqueue_task (task_name, state, run_at, unique_key, args, kwargs,
+                                      attempt, started_at, finished_at, lease_token,
+                                      lease_expires_at, worker_id, result, errors, metadata,
+                                      has_dependents, checkpoint, progress, priority)
+            VALUES
+              ('app.send', 'pending', now() - interval '1 minute', 'order:1', '[1]',
+               '{"to": "a"}', 0, NULL, NULL, NULL, NULL, NULL, NULL, '[]', '{"t": 1}',
+               false, NULL, NULL, 5),
+              ('app.send', 'scheduled', now() + interval '1 hour', 'order:2', '[2]', '{}',
+               1, NULL, NULL, NULL, NULL, NULL, NULL,
+               '[{"attempt": 1, "type": "ValueError", "message": "m"}]', '{}',
+               false, '{"page": 3}', NULL, 0),
+              ('app.send', 'running', now(), NULL, '[3]', '{}', 1, now(), NULL,
+               gen_random_uuid(), now() + interval '30 seconds', 'w-1', NULL, '[]', '{}',
+               false, NULL, '{"done": 10}', -5),
+              ('app.parent', 'succeeded', now(), NULL, '[]', '{}', 1, now(), now(), NULL,
+               NULL, NULL, '{"ok": true}', '[]', '{}', true, NULL, NULL, 0),
+              ('app.child', 'failed', now(), 'order:1', '[]', '{}', 3, now(), now(), NULL,
+               NULL, NULL, NULL, '[{"attempt": 3, "type": "KeyError", "message": "k"}]',
+               '{}', false, NULL, NULL, 0),
+              ('app.send', 'cancelled', now(), NULL, '["x"]', '{}', 0, NULL, now(), NULL,
+               NULL, NULL, NULL, '[]', '{}', false, NULL, NULL, 100)
+        """)
+        conn.execute("""
+            INSERT INTO pgqueue_dependency (parent_id, child_id, resolved)
+            SELECT p.id, c.id, true FROM pgqueue_task AS p, pgqueue_task AS c
+             WHERE p.task_name = 'app.parent' AND c.task_name = 'app.child'
+        """)
+        conn.execute("""
+            INSERT INTO pgqueue_worker (id, hostname, pid, queues, routes, concurrency)
+            VALUES ('w-1', 'host', 4242, '["default"]', '[["app.send", 1]]', 4)
+        """)
+        conn.execute("INSERT INTO pgqueue_queue (name, paused) VALUES ('default', true)")
+        conn.execute(
+            "INSERT INTO pgqueue_schedule (name, task_name, spec, timezone) "
+            "VALUES ('nightly', 'app.send', 'every 1h', 'UTC')"
+        )
+        conn.execute(
+            "INSERT INTO pgqueue_key_rate (queue, key, tat) VALUES ('default', 'k', now())"
+        )
+
+
+def test_every_migration_reverses_to_the_schema_it_was_applied_on_and_keeps_the_rows(scratch):
+    # given: the schema after each migration, applied one at a time from an empty
+    # database; then the latest schema in use
+    *earlier, latest = names = migration_names()
+    applied = {}
+    for name in names:
+        assert scratch.migrate(name).returncode == 0, name
+        applied[name] = schema(scratch)
+    populate(scratch)
+    tasks = rows(scratch, "pgqueue_task", TASK_COLUMNS)
+    workers = rows(scratch, "pgqueue_worker")
+
+    # when: each migration is reversed, one at a time, down to the first
+    for name in reversed(earlier):
+        done = scratch.migrate(name)
+        # then: each reverses, to the schema it was applied on (indexes, constraints,
+        # columns, triggers, functions, and the migrations Django lists)
+        assert done.returncode == 0, f"back to {name}: {done.stderr}"
+        assert schema(scratch) == applied[name], f"back to {name}"
+
+    # then: at the first migration, the tasks and workers are all there; a scheduled
+    # task is pending with its run_at ahead, as that schema had it
+    as_first = [
+        (*task[:5], "pending" if task[5] == "scheduled" else task[5], *task[6:])
+        for task in tasks
+    ]
+    assert rows(scratch, "pgqueue_task", TASK_COLUMNS) == as_first
+    assert rows(scratch, "pgqueue_worker") == workers
+
+    # when: migrated forward again
+    done = scratch.migrate(latest)
+
+    # then: the same schema, the same tasks in the same states, the same workers
+    assert done.returncode == 0, done.stderr
+    assert schema(scratch) == applied[latest]
+    assert rows(scratch, "pgqueue_task", TASK_COLUMNS) == tasks
+    assert rows(scratch, "pgqueue_worker") == workers
+
+
+def test_migrating_to_zero_drops_every_table_and_forward_again_builds_the_same_schema(scratch):
+    # given: the latest schema, in use
+    latest = migration_names()[-1]
+    assert scratch.migrate(latest).returncode == 0
+    populate(scratch)
+    before = schema(scratch)
+
+    # when: every migration is reversed at once
+    done = scratch.migrate("zero")
+
+    # then: no table, index, trigger or function of the app is left (the tables are
+    # the app's: at zero there is nowhere to keep their rows)
+    assert done.returncode == 0, done.stderr
+    assert {name: found for name, found in schema(scratch).items() if found} == {}
+
+    # when: migrated forward again, then: the same schema, empty
+    assert scratch.migrate(latest).returncode == 0
+    assert schema(scratch) == before
+    assert rows(scratch, "pgqueue_task") == []
+
+
+@pytest.mark.parametrize(
+    ("before", "rows_sql", "words"),
+    [
+        ("0008_workflows",
+         "INSERT INTO pgqueue_task (task_name, state, wait_reason, wait_signal) "
+         "VALUES ('app.approve', 'waiting', 'signal', 'approved')",
+         "1 task is waiting"),
+        ("0012_runtime_schedules",
+         "INSERT INTO pgqueue_schedule (name, task_name, spec, timezone, definition) "
+         "VALUES ('hourly', 'app.send', 'every 1h', 'UTC', '{\"every\": 3600}')",
+         "1 runtime schedule"),
+    ],
+)  # fmt: skip
+def test_a_reverse_that_would_lose_what_rows_mean_refuses_before_it_changes_anything(
+    scratch, before, rows_sql, words
+):
+    # given: a queue in use, migrated back to ``before``, with rows that the schema
+    # before it cannot hold
+    names = migration_names()
+    target = names[names.index(before) - 1]
+    assert scratch.migrate(names[-1]).returncode == 0
+    populate(scratch)
+    assert scratch.migrate(before).returncode == 0
+    with scratch.connect() as conn:
+        conn.execute(rows_sql)
+    catalog, tasks = schema(scratch), rows(scratch, "pgqueue_task")
+
+    # when: migrating back past it
+    done = scratch.migrate(target)
+
+    # then: refused, saying why and what to do; the schema, the applied migrations and
+    # the rows are as they were
+    assert done.returncode != 0
+    assert words in done.stderr and before in done.stderr
+    assert schema(scratch) == catalog
+    assert rows(scratch, "pgqueue_task") == tasks

@@ -8,12 +8,19 @@
 
 Indexes are built CONCURRENTLY under a new name, then swapped in, so a deployed queue
 keeps taking writes while they build (this migration cannot run in a transaction).
+
+Reversed, every step is undone in the same way: scheduled rows become pending again
+(the state that schema gave a task due later), the indexes of 0003 are built
+CONCURRENTLY and swapped back, and 0003's CHECK on the states is added NOT VALID, then
+validated (a scan that does not block writes).
 """
 
 from django.contrib.postgres.operations import AddIndexConcurrently
 from django.db import migrations, models
 
 LIVE = "('scheduled', 'pending', 'running', 'waiting')"
+LIVE_BEFORE = "('pending', 'running', 'waiting')"
+STATES_BEFORE = "('pending', 'running', 'waiting', 'succeeded', 'failed', 'cancelled')"
 
 
 def swap_index(name: str, create: str) -> list[str]:
@@ -24,6 +31,13 @@ def swap_index(name: str, create: str) -> list[str]:
         f"DROP INDEX CONCURRENTLY IF EXISTS {name}",
         f"ALTER INDEX {name}_new RENAME TO {name}",
     ]
+
+
+def swapped(name: str, create: str, create_before: str) -> migrations.RunSQL:
+    """Index ``name`` rebuilt as ``create``; reversed, as ``create_before`` again."""
+    return migrations.RunSQL(
+        swap_index(name, create), reverse_sql=swap_index(name, create_before)
+    )
 
 
 class Migration(migrations.Migration):
@@ -42,7 +56,23 @@ class Migration(migrations.Migration):
             ],
             options={"db_table": "pgqueue_queue", "ordering": ["name"]},
         ),
-        migrations.RemoveConstraint(model_name="task", name="pgqueue_task_state_valid"),
+        migrations.SeparateDatabaseAndState(
+            database_operations=[
+                migrations.RunSQL(
+                    "ALTER TABLE pgqueue_task DROP CONSTRAINT pgqueue_task_state_valid",
+                    reverse_sql=[
+                        "ALTER TABLE pgqueue_task DROP CONSTRAINT IF EXISTS "
+                        "pgqueue_task_state_valid",
+                        "ALTER TABLE pgqueue_task ADD CONSTRAINT pgqueue_task_state_valid "
+                        f"CHECK (state IN {STATES_BEFORE}) NOT VALID",
+                        "ALTER TABLE pgqueue_task VALIDATE CONSTRAINT pgqueue_task_state_valid",
+                    ],
+                )
+            ],
+            state_operations=[
+                migrations.RemoveConstraint(model_name="task", name="pgqueue_task_state_valid"),
+            ],
+        ),
         migrations.AlterField(
             model_name="task",
             name="state",
@@ -82,23 +112,28 @@ class Migration(migrations.Migration):
         ),
         migrations.SeparateDatabaseAndState(
             database_operations=[
-                migrations.RunSQL(sql)
-                for sql in swap_index(
+                swapped(
                     "pgqueue_task_unique_live",
                     "CREATE UNIQUE INDEX CONCURRENTLY {name} ON pgqueue_task (unique_key) "
                     f"WHERE unique_key IS NOT NULL AND state IN {LIVE}",
-                )
-                + swap_index(
+                    "CREATE UNIQUE INDEX CONCURRENTLY {name} ON pgqueue_task (unique_key) "
+                    f"WHERE unique_key IS NOT NULL AND state IN {LIVE_BEFORE}",
+                ),
+                swapped(
                     "pgqueue_task_claim",
                     "CREATE INDEX CONCURRENTLY {name} ON pgqueue_task "
                     "(queue, task_name, handler_version, priority DESC, run_at, id) "
                     "WHERE state = 'pending'",
-                )
-                + swap_index(
+                    "CREATE INDEX CONCURRENTLY {name} ON pgqueue_task "
+                    "(queue, priority DESC, run_at, id) WHERE state = 'pending'",
+                ),
+                swapped(
                     "pgqueue_task_due",
                     "CREATE INDEX CONCURRENTLY {name} ON pgqueue_task "
                     "(queue, task_name, handler_version, run_at, id) WHERE state = 'pending'",
-                )
+                    "CREATE INDEX CONCURRENTLY {name} ON pgqueue_task "
+                    "(queue, run_at, id) WHERE state = 'pending'",
+                ),
             ],
             state_operations=[
                 migrations.RemoveConstraint(model_name="task", name="pgqueue_task_unique_live"),

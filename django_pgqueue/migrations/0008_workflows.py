@@ -33,6 +33,8 @@ What the function does, in three statements (each a new snapshot in READ COMMITT
 from django.contrib.postgres.operations import AddIndexConcurrently
 from django.db import migrations, models
 
+from django_pgqueue.migrations._reverse import refuse_back
+
 TERMINAL = "('succeeded', 'failed', 'cancelled')"
 
 RELEASE_FUNCTION = f"""
@@ -202,6 +204,17 @@ class Migration(migrations.Migration):
             reverse_sql=(
                 "DROP TRIGGER IF EXISTS pgqueue_release_dependents ON pgqueue_task;"
                 "DROP FUNCTION IF EXISTS pgqueue_release_dependents();"
+            ),
+        ),
+        # Undone first: a waiting task would wait forever without the columns that say
+        # for what (and no statement of the older schema would wake it).
+        refuse_back(
+            "0008_workflows",
+            "SELECT count(*) FROM pgqueue_task WHERE state = 'waiting'",
+            lambda n: (
+                f"{n} task{' is' if n == 1 else 's are'} waiting (for parents, a child or "
+                "a signal), which the schema before it cannot say; let them finish or "
+                "cancel them, then migrate back again"
             ),
         ),
     ]

@@ -15,6 +15,8 @@ runtime schedule, and it does not know of pauses (docs/periodic.md, "Upgrading")
 
 from django.db import migrations, models
 
+from django_pgqueue.migrations._reverse import refuse_back
+
 
 class Migration(migrations.Migration):
     dependencies = [
@@ -36,5 +38,16 @@ class Migration(migrations.Migration):
             model_name="schedule",
             name="resumed_at",
             field=models.DateTimeField(blank=True, null=True),
+        ),
+        # Undone first: a runtime schedule is its definition; without the column it
+        # would be lost, and its row would read as a schedule removed from the code.
+        refuse_back(
+            "0012_runtime_schedules",
+            "SELECT count(*) FROM pgqueue_schedule WHERE definition IS NOT NULL",
+            lambda n: (
+                f"{n} runtime schedule{'' if n == 1 else 's'} would be lost (the schema "
+                "before it has no column for a schedule's definition); remove them "
+                "(remove_schedule, or the admin) or keep this migration"
+            ),
         ),
     ]
