@@ -9,13 +9,22 @@ the repository, which an installed package does not have.
 
 from __future__ import annotations
 
+from django.conf import settings as django_settings
 from django.core.checks import Error, Tags, Warning, register
 from django.db import connections
+from django.db.migrations.executor import MigrationExecutor
 
-from django_pgqueue.conf import SETTINGS, configured, get_settings, unknown_keys
+from django_pgqueue.conf import (
+    SETTINGS,
+    configured,
+    get_settings,
+    migrate_command,
+    queue_databases,
+    unknown_keys,
+)
 from django_pgqueue.exceptions import InvalidTaskError
 from django_pgqueue.limits import parse_limits
-from django_pgqueue.registry import registry, validate_queue
+from django_pgqueue.registry import missing_task_modules, registry, validate_queue
 
 # The documentation, as pyproject.toml's [project.urls] Documentation names it.
 DOCS_URL = "https://github.com/django-pgqueue/django-pgqueue/tree/main/docs"
@@ -138,6 +147,112 @@ def check_task_queues(app_configs, **kwargs):
             )
         )
     return messages
+
+
+# The settings keyed by queue name, and the id of the warning for a key that is no queue.
+QUEUE_KEYED = {"QUEUE_LIMITS": "django_pgqueue.W004", "DATABASES": "django_pgqueue.W005"}
+
+
+@register(Tags.compatibility)
+def check_queue_keys(app_configs, **kwargs):
+    """A key of a setting keyed by queue (QUEUE_LIMITS, DATABASES) that is no queue of
+    QUEUES, of a registered task or of a Tasks framework backend is most likely a typo:
+    what it sets applies to nothing. One warning per such key."""
+    project = configured()
+    if not isinstance(get_settings().QUEUES, list | tuple):
+        return []  # reported by check_settings
+    known = _known_queues()
+    messages = []
+    for name, check_id in QUEUE_KEYED.items():
+        value = project.get(name)
+        if not isinstance(value, dict):
+            continue  # unset, or reported by check_settings
+        for queue in value:
+            if not isinstance(queue, str) or queue in known:
+                continue
+            messages.append(
+                Warning(
+                    f"PGQUEUE[{name!r}] has an entry for queue {queue!r}, which is neither in "
+                    "PGQUEUE['QUEUES'] nor the queue of a registered task: it applies to "
+                    "nothing",
+                    hint=f"Known queues: {', '.join(sorted(known))}. Correct the name; if "
+                    "the queue is only named at enqueue (queue=...) or its tasks are "
+                    "registered only in other processes, add it to PGQUEUE['QUEUES'] or "
+                    f"{check_id!r} to SILENCED_SYSTEM_CHECKS (see {DOCS_URL}/settings.md).",
+                    id=check_id,
+                )
+            )
+    return messages
+
+
+def _known_queues() -> set[str]:
+    """The queues this process knows of: QUEUES, the registered tasks' queues, and the
+    queues of the Tasks framework's backends (settings.TASKS)."""
+    known = set(get_settings().QUEUES)
+    known.update(definition.queue for definition in registry.all())
+    for backend in (getattr(django_settings, "TASKS", None) or {}).values():
+        if isinstance(backend, dict) and isinstance(backend.get("QUEUES"), list | tuple):
+            known.update(q for q in backend["QUEUES"] if isinstance(q, str))
+    return known
+
+
+@register(Tags.compatibility)
+def check_task_modules(app_configs, **kwargs):
+    """A module of TASK_MODULES that does not exist: its tasks are not registered, and
+    runtaskworker refuses to start. A warning, not an error, so that the commands that
+    run no task (migrate, runserver) still run."""
+    return [
+        Warning(
+            f"PGQUEUE['TASK_MODULES'] lists {module!r}, which cannot be imported ({reason}): "
+            "its tasks are not registered",
+            hint="Correct the dotted path, or remove it from PGQUEUE['TASK_MODULES'] "
+            f"(see {DOCS_URL}/settings.md).",
+            id="django_pgqueue.W006",
+        )
+        for module, reason in missing_task_modules().items()
+    ]
+
+
+@register(Tags.database)
+def check_migrations(app_configs, databases=None, **kwargs):
+    """django_pgqueue's migrations not applied to a database that holds a task table
+    (run with ``manage.py check --database ALIAS``; Django runs the database checks
+    only for the databases it is given, and ``migrate`` for its own, before it applies
+    them)."""
+    messages = []
+    for alias in queue_databases():
+        if databases is None or alias not in databases or alias not in connections.databases:
+            continue
+        missing = unapplied_migrations(alias)
+        if missing:
+            messages.append(
+                Warning(
+                    f"{unapplied_problem(alias, missing)}: enqueue and runtaskworker fail "
+                    "until they are applied",
+                    hint=f"Run {migrate_command(alias)} (see {DOCS_URL}/quickstart.md).",
+                    id="django_pgqueue.W007",
+                )
+            )
+    return messages
+
+
+def unapplied_migrations(alias: str) -> list[str]:
+    """The names of django_pgqueue's migrations that the database ``alias`` has not
+    applied, in the order migrate applies them (one read of django_migrations)."""
+    executor = MigrationExecutor(connections[alias])
+    targets = [key for key in executor.loader.graph.leaf_nodes() if key[0] == "django_pgqueue"]
+    return [
+        migration.name
+        for migration, _backwards in executor.migration_plan(targets)
+        if migration.app_label == "django_pgqueue"
+    ]
+
+
+def unapplied_problem(alias: str, missing: list[str]) -> str:
+    return (
+        f"database {alias!r} lacks {len(missing)} migration(s) of django_pgqueue "
+        f"({', '.join(missing)})"
+    )
 
 
 def _check_databases(conf) -> list[Error]:

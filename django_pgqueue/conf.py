@@ -557,6 +557,11 @@ def queue_databases() -> list[str]:
     return aliases
 
 
+def migrate_command(alias: str) -> str:
+    """The command that applies django_pgqueue's migrations to the database ``alias``."""
+    return "python manage.py migrate" + (f" --database {alias}" if alias != "default" else "")
+
+
 def queues_by_database(queues: list[str]) -> dict[str, list[str]]:
     """``queues`` grouped by the alias that holds them (DATABASE's group first)."""
     groups: dict[str, list[str]] = {}

@@ -13,11 +13,11 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from django.conf import settings
 from django.core.signals import setting_changed
-from django.db import connections, transaction
+from django.db import ProgrammingError, connections, transaction
 from django.utils import timezone
 
 from django_pgqueue import tracing
-from django_pgqueue.conf import database_for
+from django_pgqueue.conf import database_for, migrate_command
 from django_pgqueue.enqueue_cursor import enqueue_cursor
 from django_pgqueue.exceptions import InvalidTaskError, TransactionDatabaseError
 from django_pgqueue.middleware import before_enqueue
@@ -309,8 +309,33 @@ def _check_key(key: Any, what: str) -> str | None:
     return check_text(key, what)
 
 
+# The SQLSTATEs of a statement that names a table or a column the database lacks:
+# undefined_table, undefined_column.
+_NOT_MIGRATED = frozenset({"42P01", "42703"})
+
+
+def _raise_if_not_migrated(exc: ProgrammingError, alias: str) -> None:
+    """Raise, instead of ``exc``, an error that says to migrate, when ``exc`` is a
+    statement of enqueue meeting a table or column that the database lacks. Only read
+    once an enqueue has failed: a working enqueue pays nothing for it."""
+    cause = exc.__cause__
+    if getattr(cause, "sqlstate", None) in _NOT_MIGRATED:
+        raise ProgrammingError(
+            f"{str(cause).splitlines()[0]}: database {alias!r} lacks migrations of "
+            f"django_pgqueue; run {migrate_command(alias)}. Nothing was enqueued."
+        ) from exc
+
+
 def _insert(alias: str, row: dict[str, Any]) -> tuple[int, datetime]:
     """INSERT one task; returns its id and enqueued_at (the live duplicate's, if any)."""
+    try:
+        return _insert_row(alias, row)
+    except ProgrammingError as exc:
+        _raise_if_not_migrated(exc, alias)
+        raise
+
+
+def _insert_row(alias: str, row: dict[str, Any]) -> tuple[int, datetime]:
     if row["after"]:
         return _insert_after(alias, row)
     if row["unique"] is not None:
@@ -326,7 +351,7 @@ def _insert(alias: str, row: dict[str, Any]) -> tuple[int, datetime]:
         existing = cursor.fetchone()
     if existing is None:
         # The conflicting row finished between the two statements: insert again.
-        return _insert(alias, row)
+        return _insert_row(alias, row)
     return existing[0], existing[1]
 
 
@@ -431,9 +456,13 @@ def enqueue_on_commit(definition: TaskDefinition, args: Any, kwargs: dict[str, A
     alias = database_for(row["queue"])
     commit_alias = definition.options.commit_alias or alias
     check_transaction(definition, row["queue"], commit_alias, "enqueue_on_commit()")
-    with enqueue_cursor(connections[alias]) as cursor:
-        cursor.execute(QUERIES["reserve_id"])
-        row["id"] = cursor.fetchone()[0]
+    try:
+        with enqueue_cursor(connections[alias]) as cursor:
+            cursor.execute(QUERIES["reserve_id"])
+            row["id"] = cursor.fetchone()[0]
+    except ProgrammingError as exc:
+        _raise_if_not_migrated(exc, alias)
+        raise
     transaction.on_commit(lambda: _insert(alias, row), using=commit_alias)
     return row["id"]
 
@@ -499,9 +528,13 @@ def enqueue_many(definition: TaskDefinition, calls: Iterable[Any]) -> list[int]:
         "kwargs_list": kwargs_json,
         "keys_list": dumps(keys_list) if keyed else None,
     }
-    with enqueue_cursor(connections[alias]) as cursor:
-        cursor.execute(QUERIES["enqueue_many"], params)
-        return [row[0] for row in cursor.fetchall()]
+    try:
+        with enqueue_cursor(connections[alias]) as cursor:
+            cursor.execute(QUERIES["enqueue_many"], params)
+            return [row[0] for row in cursor.fetchall()]
+    except ProgrammingError as exc:
+        _raise_if_not_migrated(exc, alias)
+        raise
 
 
 def _check_sizes(

@@ -31,7 +31,7 @@ from django.core.exceptions import ImproperlyConfigured
 from django.db import connections
 from django.utils import timezone
 
-from django_pgqueue.conf import get_settings
+from django_pgqueue.conf import SETTINGS_BY_NAME, get_settings
 from django_pgqueue.exceptions import InvalidTaskError, TaskNotRegistered
 from django_pgqueue.payload import check_text, short_repr
 from django_pgqueue.retry import MAX_SECONDS, RetryPolicy, exception_names
@@ -807,11 +807,57 @@ def task(
 
 
 def autodiscover() -> None:
-    """Import every installed app's ``tasks`` module and PGQUEUE['TASK_MODULES']."""
+    """Import every installed app's ``tasks`` module and PGQUEUE['TASK_MODULES'].
+
+    A module of TASK_MODULES that does not exist (a typo) is left out rather than
+    stopping Django: ``manage.py check`` reports it (django_pgqueue.W006, from
+    ``missing_task_modules``), ``runtaskworker`` refuses to start, and commands that do
+    not run tasks (``migrate``, ``shell``) keep working. A module that exists but fails
+    to import raises, as any other code of the project would."""
     from importlib import import_module
 
     from django.utils.module_loading import autodiscover_modules
 
     autodiscover_modules("tasks")
-    for module in get_settings().TASK_MODULES:
-        import_module(module)
+    for module in _task_modules():
+        try:
+            import_module(module)
+        except ModuleNotFoundError as exc:
+            if not _is_or_contains(exc.name, module):
+                raise  # the module exists; something it imports does not
+
+
+def missing_task_modules() -> dict[str, str]:
+    """The modules of PGQUEUE['TASK_MODULES'] that cannot be imported because they do
+    not exist, each with the reason (``No module named 'orders.taks'``)."""
+    import sys
+    from importlib.util import find_spec
+
+    missing = {}
+    for module in _task_modules():
+        if module in sys.modules:
+            continue
+        try:
+            found = find_spec(module)
+        except ModuleNotFoundError as exc:  # a parent package is missing
+            if not _is_or_contains(exc.name, module):
+                raise
+            missing[module] = str(exc)
+            continue
+        if found is None:
+            missing[module] = f"No module named {module!r}"
+    return missing
+
+
+def _task_modules() -> list[str]:
+    """PGQUEUE['TASK_MODULES'], or nothing while it is not a list of strings (which
+    manage.py check reports, django_pgqueue.E010)."""
+    modules = get_settings().TASK_MODULES
+    if SETTINGS_BY_NAME["TASK_MODULES"].problem(modules, "TASK_MODULES") is not None:
+        return []
+    return list(modules)
+
+
+def _is_or_contains(missing: str | None, module: str) -> bool:
+    """Whether the module Python could not find is ``module`` or one of its packages."""
+    return missing is not None and (missing == module or module.startswith(missing + "."))

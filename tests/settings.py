@@ -111,6 +111,10 @@ if "PGQUEUE_TEST_DEAD_CONNECTION_TIMEOUT" in os.environ:
 # tests/test_sizes.py: its tasks, and the claim batch bound of the workers it starts.
 PGQUEUE["TASK_MODULES"].append("tests.size_tasks")
 PGQUEUE["TASK_MODULES"].append("tests.unique_tasks")
+# tests/test_setup_mistakes.py: a module that does not exist (a typo), in the processes
+# it starts.
+if os.environ.get("PGQUEUE_TEST_MISSING_TASK_MODULE"):
+    PGQUEUE["TASK_MODULES"].append(os.environ["PGQUEUE_TEST_MISSING_TASK_MODULE"])
 if "PGQUEUE_TEST_CLAIM_BATCH_BYTES" in os.environ:
     PGQUEUE["CLAIM_BATCH_BYTES"] = int(os.environ["PGQUEUE_TEST_CLAIM_BATCH_BYTES"])
 
@@ -133,9 +137,12 @@ TASKS = {
 }
 if django.VERSION < (6, 0):  # the backport; Django 6 has django.tasks built in
     INSTALLED_APPS.append("django_tasks")
-# "emails" and "other" are served by workers started with --queues (their warnings would
-# fill worker logs); tests/test_checks.py runs these checks with nothing silenced.
-SILENCED_SYSTEM_CHECKS = ["django_pgqueue.W101", "django_pgqueue.W003"]
+# "emails" and "other" are served by workers started with --queues, and the queues of
+# QUEUE_LIMITS and DATABASES are named only at enqueue (their warnings would fill worker
+# logs); tests/test_checks.py runs these checks with nothing silenced.
+SILENCED_SYSTEM_CHECKS = [
+    "django_pgqueue.W101", "django_pgqueue.W003", "django_pgqueue.W004", "django_pgqueue.W005",
+]
 
 LOGGING = {
     "version": 1,

@@ -11,15 +11,18 @@ from dataclasses import replace
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.db import connections
 
+from django_pgqueue.checks import unapplied_migrations, unapplied_problem
 from django_pgqueue.conf import (
     SETTINGS,
     Setting,
     get_settings,
+    migrate_command,
     queue_databases,
     queues_by_database,
 )
-from django_pgqueue.registry import validate_queue
+from django_pgqueue.registry import missing_task_modules, validate_queue
 from django_pgqueue.worker.logging import configure_logging, configured_format
 from django_pgqueue.worker.worker import EXIT_RECYCLE, Worker, WorkerOptions, reexec
 
@@ -74,6 +77,7 @@ class Command(BaseCommand):
                     else "--burst runs a single process, and these queues are on several "
                     f"databases ({', '.join(g.database for g in groups)}): pass --database"
                 )
+            _check_ready(groups)
             from django_pgqueue.worker.supervisor import Supervisor
 
             sys.exit(
@@ -87,6 +91,7 @@ class Command(BaseCommand):
                 ).run()
             )
         [options] = groups
+        _check_ready(groups)
         if metrics_port:
             from django_pgqueue.worker.metrics_server import serve_worker_metrics
 
@@ -182,3 +187,29 @@ def _check(options: WorkerOptions, opts: dict[str, Any]) -> None:
         )
     if not options.queues:
         raise CommandError("no queues to work on: pass --queues or set PGQUEUE['QUEUES']")
+
+
+def _check_ready(groups: list[WorkerOptions]) -> None:
+    """Refuse to start without every module of TASK_MODULES, or on a database that has
+    not applied every migration of django_pgqueue: one line that says what to do,
+    instead of the error of the first statement that meets a missing table."""
+    missing_modules = missing_task_modules()
+    if missing_modules:
+        listed = ", ".join(f"{m!r} ({reason})" for m, reason in missing_modules.items())
+        raise CommandError(
+            f"PGQUEUE['TASK_MODULES'] lists what cannot be imported: {listed}; correct it "
+            "to start a worker"
+        )
+    for group in groups:
+        connection = connections[group.database]
+        opened_here = connection.connection is None
+        try:
+            missing = unapplied_migrations(group.database)
+        finally:
+            if opened_here:
+                connection.close()  # the worker's components have their own connections
+        if missing:
+            raise CommandError(
+                f"{unapplied_problem(group.database, missing)}: run "
+                f"{migrate_command(group.database)}, then start the worker"
+            )
