@@ -823,8 +823,9 @@ def w9_chain(steps: int) -> dict[str, Any]:
 
 
 def _claimer_statements(worker: WorkerProcess) -> int:
-    """Claim, stage and next-due statements the worker ran (from its stop line)."""
-    line = worker.log_path.read_text().rsplit("stopped: ", 1)[1].splitlines()[0]
+    """Claim, stage and next-due statements the worker ran (from the counters it logs at
+    DEBUG as it stops)."""
+    line = worker.log_path.read_text().rsplit("counters: ", 1)[1].splitlines()[0]
     stats = dict(item.split("=") for item in line.split() if "=" in item)
     return sum(
         int(stats.get(k, 0))
@@ -845,7 +846,7 @@ def w3_idle_others(n: int, idle_workers: int = 10) -> dict[str, Any]:
                 "--queues",
                 f"idle-{i}",
                 "--log-level",
-                "INFO",
+                "DEBUG",
                 "--poll-interval",
                 "30",
                 log_name=f"idle-{i}-{enqueue}",

@@ -9,6 +9,8 @@ the repository, which an installed package does not have.
 
 from __future__ import annotations
 
+import math
+
 from django.conf import settings as django_settings
 from django.core.checks import Error, Tags, Warning, register
 from django.db import connections
@@ -229,7 +231,8 @@ def check_migrations(app_configs, databases=None, **kwargs):
                 Warning(
                     f"{unapplied_problem(alias, missing)}: enqueue and runtaskworker fail "
                     "until they are applied",
-                    hint=f"Run {migrate_command(alias)} (see {DOCS_URL}/quickstart.md).",
+                    hint=f"Run {migrate_command(alias)} (migrate runs this check too, "
+                    "before it applies them).",
                     id="django_pgqueue.W007",
                 )
             )
@@ -238,14 +241,26 @@ def check_migrations(app_configs, databases=None, **kwargs):
 
 def unapplied_migrations(alias: str) -> list[str]:
     """The names of django_pgqueue's migrations that the database ``alias`` has not
-    applied, in the order migrate applies them (one read of django_migrations)."""
-    executor = MigrationExecutor(connections[alias])
-    targets = [key for key in executor.loader.graph.leaf_nodes() if key[0] == "django_pgqueue"]
-    return [
-        migration.name
-        for migration, _backwards in executor.migration_plan(targets)
-        if migration.app_label == "django_pgqueue"
-    ]
+    applied, in the order migrate applies them (one read of django_migrations).
+
+    Read over a connection of its own, outside any pool, that gives up connecting as a
+    worker's does (DEAD_CONNECTION_TIMEOUT, at most 5 s): a server that is down or does
+    not answer raises OperationalError instead of holding the caller."""
+    connection = connections.create_connection(alias)
+    options = {**connection.settings_dict["OPTIONS"], "pool": False}
+    dead_after = get_settings().DEAD_CONNECTION_TIMEOUT
+    options.setdefault("connect_timeout", max(2, math.ceil(min(dead_after, 5))))
+    connection.settings_dict = {**connection.settings_dict, "OPTIONS": options}
+    try:
+        executor = MigrationExecutor(connection)
+        targets = [key for key in executor.loader.graph.leaf_nodes() if key[0] == "django_pgqueue"]
+        return [
+            migration.name
+            for migration, _backwards in executor.migration_plan(targets)
+            if migration.app_label == "django_pgqueue"
+        ]
+    finally:
+        connection.close()
 
 
 def unapplied_problem(alias: str, missing: list[str]) -> str:

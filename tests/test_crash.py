@@ -95,7 +95,7 @@ def test_a_worker_whose_lease_was_taken_over_writes_nothing_and_counts_it_lost(s
 
 def test_sigterm_stops_claiming_and_lets_running_handlers_finish(start_worker):
     running = tasks.sleep_and_record.enqueue(1.0)
-    worker = start_worker("--shutdown-grace", "10")
+    worker = start_worker("--shutdown-grace", "10", "--log-level", "DEBUG")
     wait_until(lambda: Run.objects.filter(task_id=running).exists())
 
     worker.signal(signal.SIGTERM)

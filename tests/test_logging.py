@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import logging
 import re
+import signal
 import traceback
 from collections.abc import Iterator
 from pathlib import Path
@@ -267,3 +268,41 @@ def test_a_dead_letter_reaches_sentry_as_one_error_event_with_the_handlers_trace
     handler = [f for f in frames if f["function"] == "fail_always"]
     assert handler and handler[-1]["module"] == "tests.tasks"
     assert "raise ValueError" in handler[-1]["context_line"]
+
+
+# -- a normal life, as an operator reads it ------------------------------------------------
+
+# What a worker says at INFO and above through a start, an idle spell, a task that
+# succeeds, and a Ctrl-C that finds a task still running: each line plain, nothing about
+# the worker's internals (those are at DEBUG).
+NORMAL_LIFE = [
+    r"INFO worker (?P<worker>\S+) started: queues default; 2 slots; \d+ task\(s\): "
+    r"tests\.\S+(, tests\.\S+)*",
+    r"INFO SIGTERM: stopping\. No new task is claimed; running tasks get up to 1s to "
+    r"finish \(another signal exits at once\)",
+    r"WARNING task (?P<task>\d+) \(tests\.tasks\.just_sleep\) attempt 1 lease \w{8} was "
+    r"still running after the 1s shutdown grace: released, to run again from the start; "
+    r"this attempt counts \(1 of 3 used\)",
+    r"INFO task (?P=task) \(tests\.tasks\.just_sleep\) attempt 1 lease \w{8}: released -> "
+    r"scheduled",
+    r"INFO worker (?P=worker) stopped: 2 task\(s\) claimed; success=1 released=1",
+]
+
+
+def test_a_normal_start_idle_and_stop_log_only_plain_lines_at_info(start_worker):
+    # given: a worker that runs one task, then idles while a long one runs
+    worker = start_worker("--concurrency", "2", "--shutdown-grace", "1")
+    done = tasks.noop.enqueue(1)
+    long = tasks.just_sleep.enqueue(60)
+    wait_until(lambda: Task.objects.filter(pk=done, state="succeeded").exists())
+    wait_until(lambda: Task.objects.filter(pk=long, state="running").exists())
+
+    # when: it is stopped (Ctrl-C / SIGTERM) with the long task still running
+    worker.signal(signal.SIGTERM)
+    assert worker.wait(30) == 0, worker.log()
+
+    # then: these lines and no other, in this order
+    # (tests/settings.py's format: date, time, level, pid, message)
+    records = [re.fullmatch(r"\S+ \S+ (\w+) \d+ (.*)", line) for line in worker.log().splitlines()]
+    lines = [f"{r[1]} {r[2]}" for r in records if r is not None]
+    assert re.fullmatch("\n".join(NORMAL_LIFE), "\n".join(lines)), "\n".join(lines)

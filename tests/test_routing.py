@@ -22,12 +22,12 @@ def test_one_process_runs_two_versions_of_a_task_each_by_its_own_handler(start_w
     old = tasks.versioned_v1.enqueue()
     new = tasks.versioned.enqueue()
 
-    worker = start_worker("--burst", wait=False)
+    worker = start_worker("--burst", "--log-level", "DEBUG", wait=False)
     assert worker.wait(60) == 0, worker.log()
 
     rows = {t.pk: (t.handler_version, t.state, t.result) for t in Task.objects.all()}
     assert rows == {old: (1, "succeeded", "v1"), new: (2, "succeeded", "v2")}
-    assert "tests.versioned@1,tests.versioned@2" in worker.log()
+    assert "tests.versioned@1,tests.versioned@2" in worker.log()  # the routes, at DEBUG
 
 
 def test_the_registry_returns_the_asked_version_or_the_newest():

@@ -21,6 +21,14 @@ from tests.testapp.models import Run
 pytestmark = pytest.mark.django_db(transaction=True)
 
 SLOW_POLL = ("--poll-interval", "30")
+# A worker logs every counter (its statements too) at DEBUG as it stops.
+COUNTERS = ("--log-level", "DEBUG")
+
+
+def counters(worker) -> dict[str, str]:
+    """The counters a worker started with COUNTERS logged as it stopped."""
+    line = worker.log().rsplit("counters: ", 1)[1].splitlines()[0]
+    return dict(item.split("=") for item in line.split())
 
 
 def park_like_a_worker(conn, queues: list[str], listen: bool = True) -> list[int]:
@@ -120,14 +128,14 @@ def test_each_queue_notifies_on_its_own_channel(pg):
 
 
 def test_an_idle_worker_runs_no_statement_when_tasks_arrive_in_another_queue(start_worker):
-    worker = start_worker("--queues", "other", *SLOW_POLL)
+    worker = start_worker("--queues", "other", *SLOW_POLL, *COUNTERS)
     time.sleep(1.0)  # it claims once, finds nothing, and parks
 
     for n in range(30):
         tasks.noop.enqueue(n)  # queue "default", one transaction each
 
     worker.stop()
-    stats = dict(item.split("=") for item in worker.log().rsplit("stopped: ", 1)[1].split())
+    stats = counters(worker)
     # Start-up only: a claim, and one more once the parked mark is taken, each in two
     # lanes (the test tasks have sync and async handlers: thread and async slots);
     # none for the 30 enqueues into another queue.
@@ -231,7 +239,7 @@ def listen_only(conn, queues: list[str]) -> None:
 def test_a_woken_worker_with_nothing_scheduled_claims_without_staging_first(start_worker):
     # Each wake-up comes more than the stager's interval (0.25 s) after the last one: a
     # worker that knows nothing is scheduled claims at once, without a stage statement.
-    worker = start_worker(*SLOW_POLL)
+    worker = start_worker(*SLOW_POLL, *COUNTERS)
     time.sleep(0.5)
     ids = []
     for n in range(6):
@@ -240,6 +248,6 @@ def test_a_woken_worker_with_nothing_scheduled_claims_without_staging_first(star
     wait_until(lambda: Task.objects.filter(pk__in=ids, state="succeeded").count() == 6)
 
     worker.stop()
-    stats = dict(item.split("=") for item in worker.log().rsplit("stopped: ", 1)[1].split())
+    stats = counters(worker)
     assert int(stats["claimed"]) == 6, stats
     assert int(stats.get("stage_statements", 0)) <= 1, stats  # the first claim's only

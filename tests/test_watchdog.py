@@ -199,7 +199,7 @@ def test_a_worker_recycles_itself_in_place_after_write_off_limit_write_offs(star
     assert "too many slots written off" in worker.log()
     # both attempts were settled as timeouts (not released) as the old process left,
     # and the fresh process runs tasks
-    assert "releasing its lease" not in worker.log()
+    assert "shutdown grace: released" not in worker.log()
     for task_id in hung:
         [error] = settled(task_id).errors
         assert error["type"] == "TimeoutError"

@@ -38,7 +38,11 @@ class Pruner(Periodic):
     def tick(self) -> None:
         deleted = prune(self.session.fetchall, self.result_ttl, self.dead_ttl, self.batch)
         if deleted:
-            logger.info("pruner: deleted %d expired terminal task(s)", deleted)
+            logger.info(
+                "pruner: deleted %d finished task(s) kept past their retention "
+                "(RESULT_TTL, DEAD_TTL)",
+                deleted,
+            )
         self.stats.incr("pruned", deleted)
 
 

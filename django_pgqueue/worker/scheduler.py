@@ -141,13 +141,16 @@ class Scheduler:
         return [*self.code.values(), *self.runtime.values()]
 
     def start(self) -> None:
-        logger.info(
-            "scheduler: firing %s, and the runtime schedules of queues %s",
-            ", ".join(
-                f"{s.definition.name} ({s.definition.spec}, queue {s.definition.queue})"
-                for s in self.code.values()
+        if self.code:
+            logger.info(
+                "scheduler: firing the periodic schedules of the code: %s",
+                ", ".join(
+                    f"{s.definition.name} ({s.definition.spec}, queue {s.definition.queue})"
+                    for s in self.code.values()
+                ),
             )
-            or "no schedule from code",
+        logger.debug(
+            "scheduler: also firing the schedules added at runtime on queues %s",
             ", ".join(self.queues) or "(none)",
         )
         self._thread.start()

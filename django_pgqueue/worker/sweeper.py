@@ -48,7 +48,11 @@ class Sweeper(Periodic):
                 "delete_stale_workers", {"stale_seconds": self.stale_after}
             )
             if removed:
-                logger.info("sweeper: removed %d stale worker row(s)", len(removed))
+                logger.info(
+                    "sweeper: removed %d worker row(s) whose heartbeat stopped (workers that "
+                    "exited without saying so)",
+                    len(removed),
+                )
             self.prune_key_rates()
             if self.unroutable_ttl is not None:
                 self.fail_unroutable()

@@ -32,7 +32,21 @@ from django_pgqueue.worker.execution import execute
 from django_pgqueue.worker.heartbeat import Heartbeat
 from django_pgqueue.worker.inflight import InFlight
 from django_pgqueue.worker.logging import task_fields
-from django_pgqueue.worker.outcomes import Outcome, abandoned, expired_before_start, released
+from django_pgqueue.worker.outcomes import (
+    CANCELLED,
+    CONTINUED,
+    FAILURE,
+    LOST,
+    RELEASED,
+    SNOOZED,
+    SUCCESS,
+    SUSPENDED,
+    TIMEOUT,
+    Outcome,
+    abandoned,
+    expired_before_start,
+    released,
+)
 from django_pgqueue.worker.periodic import Fleet
 from django_pgqueue.worker.prefork import DEADLINE_MARGIN, PreforkPool
 from django_pgqueue.worker.pruner import Pruner
@@ -50,6 +64,11 @@ logger = logging.getLogger("django_pgqueue.worker")
 EXIT_RECYCLE = 75
 # A claimed task whose lease holds for less than this (seconds) is not started.
 LEASE_MARGIN = 1.0
+# The counters of what became of this process's tasks, in the line it logs as it stops
+# (at INFO; every counter, the statements' too, at DEBUG): the outcomes, and the tasks
+# that expired before they could start or whose slot was written off.
+TASK_COUNTERS = (SUCCESS, FAILURE, TIMEOUT, LOST, CANCELLED, CONTINUED, SNOOZED, SUSPENDED,
+                 RELEASED, "expired", "written_off")  # fmt: skip
 
 
 # The settings the worker takes from its options (conf.SETTINGS rows with an ``option``).
@@ -368,13 +387,23 @@ class Worker:
         gc.freeze()
         for component in self._components():
             component.start()
+        names = sorted({name for name, _version in self.routes})
         logger.info(
-            "worker %s started: queues=%s concurrency=%d lease=%gs heartbeat=%gs tasks=%s",
+            "worker %s started: queues %s; %d slots; %s",
             self.worker_id,
-            ",".join(self.options.queues),
+            ", ".join(self.options.queues),
             self.options.concurrency,
+            f"{len(names)} task(s): {', '.join(names)}" if names else "no task registered",
+        )
+        logger.debug(
+            "worker %s: lease=%gs heartbeat=%gs poll_interval=%gs shutdown_grace=%gs "
+            "execution=%s routes=%s",
+            self.worker_id,
             self.options.lease_seconds,
             self.options.heartbeat_seconds,
+            self.options.poll_interval,
+            self.options.shutdown_grace,
+            self.options.execution,
             ",".join(f"{name}@{version}" for name, version in self.routes),
         )
         self._started = True
@@ -383,7 +412,7 @@ class Worker:
                 on_started()
             while not self._stop_requested.wait(0.05 if self.options.burst else 1.0):
                 if self.options.burst and self._burst_done():
-                    logger.info("burst: no task is due; stopping")
+                    logger.info("--burst: no task is due and none is running; stopping")
                     break
         finally:
             self._shutdown()
@@ -439,7 +468,8 @@ class Worker:
             os._exit(1)
         if self._started:
             logger.info(
-                "signal %s: stopping claims; running handlers get %.0fs to finish",
+                "%s: stopping. No new task is claimed; running tasks get up to %gs to "
+                "finish (another signal exits at once)",
                 signal.Signals(signum).name,
                 self.options.shutdown_grace,
             )
@@ -466,7 +496,7 @@ class Worker:
         on the settler: the release does not need this process to exit.
         """
         self.claimer.stop()
-        logger.info("claims stopped: no task is claimed from now on")
+        logger.debug("claims stopped: no task is claimed from now on")
         deadline = time.monotonic() + self.options.shutdown_grace
         while time.monotonic() < deadline and self._unfinished():
             time.sleep(0.02)
@@ -488,8 +518,13 @@ class Worker:
             self.settler.put(abandoned(task, self.slots.exit_message(task)))
         for task in unfinished:
             logger.warning(
-                "%s did not finish within the grace period; releasing its lease",
+                "%s was still running after the %gs shutdown grace: released, to run again "
+                "from the start; %s",
                 task.log_prefix(),
+                self.options.shutdown_grace,
+                f"its attempts are spent ({task.attempt} of {task.max_attempts}): it fails"
+                if task.attempt >= task.max_attempts
+                else f"this attempt counts ({task.attempt} of {task.max_attempts} used)",
                 extra=task_fields(
                     task, outcome="released", worker=self.worker_id, database=self.alias
                 ),
@@ -500,13 +535,21 @@ class Worker:
             self.pool.stop()
         self.settler.stop(timeout=10)
         counts = self.stats.snapshot()
+        claimed = counts.get("claimed", 0)
+        outcomes = " ".join(f"{k}={counts[k]}" for k in TASK_COUNTERS if counts.get(k))
         logger.info(
-            "worker %s stopped: %s",
+            "worker %s stopped: %s%s",
             self.worker_id,
-            " ".join(f"{k}={v}" for k, v in sorted(counts.items())) or "no tasks",
+            f"{claimed} task(s) claimed" if claimed else "no task claimed",
+            f"; {outcomes}" if outcomes else "",
+        )
+        logger.debug(
+            "worker %s counters: %s",
+            self.worker_id,
+            " ".join(f"{k}={v}" for k, v in sorted(counts.items())) or "none",
         )
         if (unfinished or stuck) and self.pool is None:
-            logger.warning(
+            logger.debug(
                 "exiting now: %d released and %d written-off handler(s) are still running "
                 "and must not outlive their settlement",
                 len(unfinished),

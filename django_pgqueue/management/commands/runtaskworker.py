@@ -11,7 +11,7 @@ from dataclasses import replace
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
-from django.db import connections
+from django.db import OperationalError
 
 from django_pgqueue.checks import unapplied_migrations, unapplied_problem
 from django_pgqueue.conf import (
@@ -201,13 +201,10 @@ def _check_ready(groups: list[WorkerOptions]) -> None:
             "to start a worker"
         )
     for group in groups:
-        connection = connections[group.database]
-        opened_here = connection.connection is None
         try:
             missing = unapplied_migrations(group.database)
-        finally:
-            if opened_here:
-                connection.close()  # the worker's components have their own connections
+        except OperationalError:
+            continue  # unreachable: the worker waits for it, and registers once it answers
         if missing:
             raise CommandError(
                 f"{unapplied_problem(group.database, missing)}: run "
