@@ -219,14 +219,18 @@ def check_task_modules(app_configs, **kwargs):
 def check_migrations(app_configs, databases=None, **kwargs):
     """django_pgqueue's migrations not applied to a database that holds a task table
     (run with ``manage.py check --database ALIAS``; Django runs the database checks
-    only for the databases it is given, and ``migrate`` for its own, before it applies
-    them)."""
+    only for the databases it is given).
+
+    ``migrate`` runs the database checks too, before it migrates: a database where
+    nothing was ever migrated (no django_migrations table) is left alone, so that a
+    project's first ``migrate`` does not warn about what it is about to do. There,
+    runtaskworker and enqueue say to migrate."""
     messages = []
     for alias in queue_databases():
         if databases is None or alias not in databases or alias not in connections.databases:
             continue
-        missing = unapplied_migrations(alias)
-        if missing:
+        missing, migrated_before = _unapplied(alias)
+        if missing and migrated_before:
             messages.append(
                 Warning(
                     f"{unapplied_problem(alias, missing)}: enqueue and runtaskworker fail "
@@ -246,6 +250,11 @@ def unapplied_migrations(alias: str) -> list[str]:
     Read over a connection of its own, outside any pool, that gives up connecting as a
     worker's does (DEAD_CONNECTION_TIMEOUT, at most 5 s): a server that is down or does
     not answer raises OperationalError instead of holding the caller."""
+    return _unapplied(alias)[0]
+
+
+def _unapplied(alias: str) -> tuple[list[str], bool]:
+    """unapplied_migrations(alias), and whether any migration was ever applied there."""
     connection = connections.create_connection(alias)
     options = {**connection.settings_dict["OPTIONS"], "pool": False}
     dead_after = get_settings().DEAD_CONNECTION_TIMEOUT
@@ -254,11 +263,12 @@ def unapplied_migrations(alias: str) -> list[str]:
     try:
         executor = MigrationExecutor(connection)
         targets = [key for key in executor.loader.graph.leaf_nodes() if key[0] == "django_pgqueue"]
-        return [
+        names = [
             migration.name
             for migration, _backwards in executor.migration_plan(targets)
             if migration.app_label == "django_pgqueue"
         ]
+        return names, executor.recorder.has_table()
     finally:
         connection.close()
 
