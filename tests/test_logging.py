@@ -281,7 +281,8 @@ NORMAL_LIFE = [
     r"INFO SIGTERM: stopping\. No new task is claimed; running tasks get up to 1s to "
     r"finish \(another signal exits at once\)",
     r"WARNING task (?P<task>\d+) \(tests\.tasks\.just_sleep\) attempt 1 lease \w{8} was "
-    r"still running after the 1s shutdown grace: released, to run again from the start; "
+    r"still running after the 1s shutdown grace: released, to run again on the next free "
+    r"worker; "
     r"this attempt counts \(1 of 3 used\)",
     r"INFO task (?P=task) \(tests\.tasks\.just_sleep\) attempt 1 lease \w{8}: released -> "
     r"scheduled",

@@ -519,7 +519,7 @@ class Worker:
         for task in unfinished:
             logger.warning(
                 "%s was still running after the %gs shutdown grace: released, to run again "
-                "from the start; %s",
+                "on the next free worker; %s",
                 task.log_prefix(),
                 self.options.shutdown_grace,
                 f"its attempts are spent ({task.attempt} of {task.max_attempts}): it fails"
