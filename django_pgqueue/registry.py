@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import inspect
 import re
+import sys
 import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
+from importlib.util import find_spec
 from typing import (
     TYPE_CHECKING,
     Any,
@@ -830,9 +832,6 @@ def autodiscover() -> None:
 def missing_task_modules() -> dict[str, str]:
     """The modules of PGQUEUE['TASK_MODULES'] that cannot be imported because they do
     not exist, each with the reason (``No module named 'orders.taks'``)."""
-    import sys
-    from importlib.util import find_spec
-
     missing = {}
     for module in _task_modules():
         if module in sys.modules:
