@@ -12,8 +12,10 @@ class PgQueueConfig(AppConfig):
     def ready(self) -> None:
         from django_pgqueue import checks  # noqa: F401  (registers the system checks)
         from django_pgqueue.registry import autodiscover
+        from django_pgqueue.signals import tasks_imported
 
         autodiscover()
+        tasks_imported.send(sender=self)
 
         from django_pgqueue.conf import get_settings
 

@@ -20,9 +20,17 @@ ran: the handler's own time for a success, else from the claim to the outcome) a
 clock; worker/metrics_server.py builds its histograms from these). Receivers run on
 the settler thread: keep them short; an exception in a receiver is logged and does not
 affect the task.
+
+``tasks_imported`` is sent once per process by the app's ``AppConfig.ready()``, right
+after it has imported every task module (each installed app's ``tasks``, and
+``PGQUEUE['TASK_MODULES']``), before a worker builds its routes: ``sender`` is the
+AppConfig. A receiver may import more task modules or declare schedules, which a
+worker started in this process then has (django_pgqueue.celery finalizes its apps
+there).
 """
 
 from django.dispatch import Signal
 
 task_settled = Signal()
 task_started = Signal()
+tasks_imported = Signal()
