@@ -119,7 +119,9 @@ class Request:
     timelimit: tuple[Any, Any] = (None, None)
     task_context: TaskContext | None = None
 
-    def __init__(self, **fields: Any) -> None:
+    def __init__(self, *dicts: Any, **fields: Any) -> None:
+        for given in dicts:
+            self.__dict__.update(given if isinstance(given, dict) else vars(given))
         self.__dict__.update(fields)
 
     def get(self, key: str, default: Any = None) -> Any:
@@ -253,7 +255,9 @@ class Task:
         request = Request(
             id=task_id, task=self.name, args=args, kwargs=kwargs, retries=retries or 0,
             is_eager=True, called_directly=False, hostname=_HOSTNAME, headers=headers,
-            delivery_info={"is_eager": True}, timelimit=(None, None),
+            delivery_info={"is_eager": True, "exchange": None, "routing_key": None,
+                           "priority": options.get("priority")},
+            timelimit=(None, None),
         )  # fmt: skip
         conf = self._app().conf
         throw = conf.task_eager_propagates if throw is None else throw
