@@ -370,7 +370,11 @@ W1_KINDS = {
     "many_one": "noop.enqueue_many([i])",
     "using_priority": "noop.using(priority=5).enqueue(i)",
     "framework": "Django Tasks framework: framework_tasks.noop.enqueue(i)",
+    "tx": "with atomic(): INSERT an order; noop.enqueue(i) (a view's transaction)",
 }
+# W1-tx's order: one row in the view's transaction, beside the task.
+ORDER_TABLE = "CREATE TABLE IF NOT EXISTS bench_order (id bigserial PRIMARY KEY, total int)"
+ORDER_INSERT = "INSERT INTO bench_order (total) VALUES (%s)"
 
 
 def _enqueue_call(kind: str) -> Callable[[int], Any]:
@@ -385,6 +389,16 @@ def _enqueue_call(kind: str) -> Callable[[int], Any]:
                 noop.enqueue_on_commit(i)
 
         return on_commit
+    if kind == "tx":
+        from django.db import connection
+
+        def in_a_view(i: int) -> None:
+            with transaction.atomic():
+                with connection.cursor() as cursor:
+                    cursor.execute(ORDER_INSERT, [i])
+                noop.enqueue(i)
+
+        return in_a_view
     if kind == "many_one":
         return lambda i: noop.enqueue_many([i])
     if kind == "using_priority":
@@ -420,6 +434,9 @@ def w1_single(total: int, clients: int, kind: str = "enqueue") -> dict[str, Any]
     """``noop.enqueue(i)`` (or another of W1_KINDS), one transaction each, from
     ``clients`` processes."""
     reset_queue()
+    if kind == "tx":
+        with raw_connection() as conn:
+            conn.execute(ORDER_TABLE)
     ctx = multiprocessing.get_context("spawn")
     ready, results, go = ctx.Queue(), ctx.Queue(), ctx.Event()
     per = total // clients
@@ -1113,10 +1130,14 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument(
         "--peer",
-        choices=["pgqueuer"],
-        help="also measure PgQueuer (asyncpg) in the same runs, interleaved with ours: its "
-        "single enqueue (W1, 1 and 4 clients), idle latency (W3) and 1-process drain (W2a), "
-        "and print ours / theirs (needs pip install 'pgqueuer[asyncpg]')",
+        choices=["pgqueuer", "celery"],
+        help="also measure a peer in the same runs, interleaved with ours, and print ours / "
+        "theirs. pgqueuer: PgQueuer (asyncpg), its single enqueue (W1, 1 and 4 clients), "
+        "idle latency (W3) and 1-process drain (W2a); needs pip install "
+        "'pgqueuer[asyncpg]'. celery: Celery with Redis and RabbitMQ (those that answer), "
+        "its delay() (W1, and W1-tx in a view's transaction), its drain in its default and "
+        "at-least-once configurations (W2a) and its idle latency with the prefork and "
+        "threads pools (W3); needs pip install 'celery[redis]' amqp",
     )
     parser.add_argument(
         "--async-commit",
@@ -1138,11 +1159,15 @@ def main(argv: list[str] | None = None) -> int:
     members = int(10_000 * scale)
     steps = int(1_000 * scale)
 
-    peer = None
+    peer = celery = None
     if args.peer == "pgqueuer":
         from benchmarks import peer_pgqueuer as peer
 
         peer_version = peer.available()
+    if args.peer == "celery":
+        from benchmarks import peer_celery as celery
+
+        celery_version = celery.available()
     url = prepare_database()
     if args.async_commit:
         with psycopg_connect(url) as conn:
@@ -1152,6 +1177,10 @@ def main(argv: list[str] | None = None) -> int:
     if peer is not None:
         peer.install()
         info["pgqueuer"] = peer_version
+    brokers: list[str] = []
+    if celery is not None:
+        brokers = celery.install()
+        info["celery"] = celery_version
     print(
         f"django_pgqueue benchmark, {datetime.now():%Y-%m-%d %H:%M}, PostgreSQL "
         f"{info['postgresql']}, {os.cpu_count()} CPUs, {runs} run(s)",
@@ -1462,6 +1491,8 @@ def main(argv: list[str] | None = None) -> int:
             check=lambda v, r: v <= 1.15,
         ),
     }
+    if celery is not None:
+        rows.update(celery.rows(brokers, n))
     raw: dict[str, list[Any]] = {key: [] for key in rows}
     lease = 5.0 if args.quick else None
 
@@ -1469,7 +1500,13 @@ def main(argv: list[str] | None = None) -> int:
         rows[key].samples.append(value)
         raw[key].append(detail)
         cost = ""
-        if isinstance(detail, dict) and "cpu_ms_per_task" in detail:
+        if isinstance(detail, dict) and "broker_cpu_ms_per_task" in detail:  # a Celery drain
+            cost = (
+                f" (CPU {detail['cpu_ms_per_task']:.3f} ms/task: worker "
+                f"{detail['worker_cpu_ms_per_task']:.3f} + broker "
+                f"{detail['broker_cpu_ms_per_task']:.3f})"
+            )
+        elif isinstance(detail, dict) and "cpu_ms_per_task" in detail:
             cost = (
                 f" (CPU {detail['cpu_ms_per_task']:.3f} ms/task: worker "
                 f"{detail['worker_cpu_ms_per_task']:.3f} + PostgreSQL "
@@ -1480,10 +1517,12 @@ def main(argv: list[str] | None = None) -> int:
 
     from django.conf import settings as django_settings
 
-    def side_by_side(run: int, ours: Callable[[], None], theirs: Callable[[], None]) -> None:
+    def side_by_side(
+        run: int, ours: Callable[[], None], theirs: Callable[[], None] | None
+    ) -> None:
         """Ours and the peer's measurement of one workload, in an order that alternates
-        from run to run (so neither always runs first); ours alone without --peer."""
-        steps = [ours] if peer is None else ([ours, theirs] if run % 2 == 0 else [theirs, ours])
+        from run to run (so neither always runs first); ours alone without a peer."""
+        steps = [ours] if theirs is None else ([ours, theirs] if run % 2 == 0 else [theirs, ours])
         for step in steps:
             step()
 
@@ -1515,6 +1554,38 @@ def main(argv: list[str] | None = None) -> int:
         record("w3_commit_p99", d["from_commit_p99_ms"], {})
         record("w3_enqueue_p50", d["enqueue_call_p50_ms"], {})
 
+    def w1_tx_ours() -> None:
+        d = w1_single(n // 4, 1, "tx")
+        record("w1_tx", d["rate"], d)
+
+    def w1_celery() -> None:
+        for broker in brokers:
+            d = celery.enqueue_single(n // 4, broker)
+            record(f"w1_celery_{broker}", d["rate"], d)
+
+    def w1_tx_celery() -> None:
+        for broker in brokers:
+            d = celery.enqueue_single(n // 4, broker, tx=True)
+            record(f"w1_tx_celery_{broker}", d["rate"], d)
+
+    def w2a_celery() -> None:
+        for broker in brokers:
+            for config in celery.CONFIGS:
+                d = celery.drain(n, broker, config)
+                record(f"w2a_celery_{broker}_{config}", d["rate"], d)
+                record(f"w2a_celery_{broker}_{config}_cpu", d["cpu_ms_per_task"], {})
+
+    def w3_celery() -> None:
+        for broker in brokers:
+            for pool in celery.POOLS:
+                d = celery.latency(200, 0.05, broker, pool)
+                record(f"w3_celery_{broker}_{pool}_p50", d["p50_ms"], d)
+                record(f"w3_celery_{broker}_{pool}_p99", d["p99_ms"], {})
+
+    def theirs(pgqueuer_step: Callable[[], None], celery_step: Callable[[], None]) -> Any:
+        """The peer's measurement of a workload, if a peer is measured."""
+        return pgqueuer_step if peer is not None else celery_step if celery is not None else None
+
     def w3_peer() -> None:
         d = peer.latency(200, 0.05)
         record("w3_peer_p50", d["p50_ms"], d)
@@ -1535,19 +1606,24 @@ def main(argv: list[str] | None = None) -> int:
             side_by_side(
                 run,
                 lambda: w1_ours(1, "w1_single_1c"),
-                lambda: w1_peer(1, "w1_peer_1c"),
+                theirs(lambda: w1_peer(1, "w1_peer_1c"), w1_celery),
             )
-            side_by_side(run, lambda: w1_ours(4, "w1_single"), lambda: w1_peer(4, "w1_peer_4c"))
+            side_by_side(
+                run,
+                lambda: w1_ours(4, "w1_single"),
+                theirs(lambda: w1_peer(4, "w1_peer_4c"), None),
+            )
+            side_by_side(run, w1_tx_ours, theirs(None, w1_tx_celery))
             for kind in W1_KINDS:
                 if kind == "framework" and not hasattr(django_settings, "TASKS"):
                     print("  (W1 framework: no Tasks framework installed, skipped)")
-                elif kind != "enqueue":
+                elif kind not in ("enqueue", "tx"):
                     d = w1_single(n // 4, 1, kind)
                     record(f"w1_{kind}", d["rate"], d)
             d = w1_many(n, 1000)
             record("w1_many", d["rate"], d)
         if only & {"W2", "W2A", "W4", "W8"}:
-            side_by_side(run, w2a_ours, w2a_peer)
+            side_by_side(run, w2a_ours, theirs(w2a_peer, w2a_celery))
         if "W2A-LIMITS" in only:
             d = drain(n, 1, limits=True)
             record("w2a_limits", d["rate"], d)
@@ -1593,7 +1669,7 @@ def main(argv: list[str] | None = None) -> int:
             d = drain(n, 2)
             record("w2b", d["rate"], d)
         if only & {"W3", "W3-LATENCY"}:
-            side_by_side(run, w3_ours, w3_peer)
+            side_by_side(run, w3_ours, theirs(w3_peer, w3_celery))
         if "W10" in only:
             d = w10_async(1000, 1.0)
             record("w10", d["seconds"], d)
@@ -1648,6 +1724,9 @@ def main(argv: list[str] | None = None) -> int:
     if peer is not None:
         print()
         print_peer_table(rows)
+    if celery is not None:
+        print()
+        print_peer_table(rows, celery.pairs(brokers), "against Celery")
     write_results(
         "results",
         args.json,
@@ -1710,14 +1789,16 @@ PEER_PAIRS: list[tuple[str, str, str, str | None, Callable[[float], bool] | None
 ]
 
 
-def print_peer_table(rows: dict[str, Row]) -> None:
+def print_peer_table(
+    rows: dict[str, Row], pairs: list[tuple] | None = None, title: str = "against PgQueuer"
+) -> None:
     """Ours / theirs: the ratio of the medians, its target, and the spread of the
     per-run ratios (each run measured both back to back)."""
     print(
-        f"{'against PgQueuer':<42} {'ours':>10} {'theirs':>10} {'ours/theirs':>12} "
+        f"{title:<42} {'ours':>10} {'theirs':>10} {'ours/theirs':>12} "
         f"{'per run':>14}  {'target':<9} met"
     )
-    for label, ours, theirs, target, check in PEER_PAIRS:
+    for label, ours, theirs, target, check in PEER_PAIRS if pairs is None else pairs:
         a, b = rows[ours].samples, rows[theirs].samples
         if not a or not b:
             continue
