@@ -107,6 +107,32 @@ def soft_only():
     return None
 
 
+seen: list = []
+
+
+@shared_task
+def remember(*args):
+    seen.append(args)
+
+
+@shared_task
+def remember_failure(request, exc, traceback):
+    seen.append((request.id, repr(exc), "ValueError" in traceback))
+
+
+class Flaky(Celery("t", set_as_current=False).Task):
+    autoretry_for = (KeyError,)
+    max_retries = 2
+    default_retry_delay = 0
+    tries = 0
+
+    def run(self, x):
+        type(self).tries += 1
+        if self.tries < 3:
+            raise KeyError(x)
+        return x
+
+
 # -- the app -------------------------------------------------------------------------
 def test_config_from_object_reads_the_namespaced_settings_on_first_use(settings):
     app = Celery("t", set_as_current=False)
@@ -145,6 +171,17 @@ def test_autodiscover_tasks_imports_the_related_modules_when_the_app_is_finalize
     assert "tests.celery_project.shop.jobs" not in sys.modules
     app.finalize()
     assert "tests.celery_project.shop.jobs.nightly_cleanup" in app.tasks
+
+
+def test_the_default_app_reads_celerys_settings_and_leaves_beat_to_celery(settings):
+    # a project moving queue by queue: its proj/celery.py still creates Celery's own app
+    from django_pgqueue.celery.app import _default_app
+
+    settings.CELERY_TASK_SERIALIZER = "pickle"  # Celery's tasks' business, not ours
+    app = _default_app()
+    assert app.conf.task_routes == proj_settings.CELERY_TASK_ROUTES
+    app.finalize()
+    assert "add-every-second" not in schedule_registry
 
 
 def test_pickle_in_the_configuration_is_refused_when_the_app_is_finalized():
@@ -348,6 +385,20 @@ def test_apply_runs_the_task_here_with_its_retries(ledger_file):
     with pytest.raises(ValueError, match=r"here"):
         failed.get()
     assert not Task.objects.exists()
+
+
+def test_apply_runs_link_and_link_error_here():
+    seen.clear()
+    tasks.add.apply((2, 2), link=remember.s("linked"))
+    failed = tasks.fail.apply(("no",), link_error=remember_failure.s())
+    assert seen == [(4, "linked"), (failed.id, "ValueError('no')", True)]
+
+
+def test_a_class_based_task_registers_and_autoretries():
+    flaky = proj_celery.app.register_task(Flaky)
+    assert flaky.name == "tests.test_celery.Flaky" and proj_celery.app.tasks[flaky.name] is flaky
+    assert flaky.apply((7,)).get() == 7 and Flaky.tries == 3
+    assert flaky.definition().max_attempts == 3
 
 
 def test_task_always_eager_runs_delay_here(settings):
@@ -599,6 +650,11 @@ def test_import_celery_beat_apply_adds_runtime_schedules(beat_tables, capsys):
     report = Schedule.objects.get(name="monday report")
     assert (report.spec, report.timezone) == ("30 7 * * 1", "Europe/Paris")
     assert report.paused_at is not None
+
+
+def test_import_celery_beat_of_an_unknown_database_names_the_aliases():
+    with pytest.raises(CommandError, match=r"--database 'nope' is not an alias of DATABASES: use"):
+        call_command("pgqueue_import_celery_beat", "--database", "nope")
 
 
 def test_import_celery_beat_without_its_tables_says_so():

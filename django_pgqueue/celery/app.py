@@ -43,7 +43,7 @@ from django_pgqueue.celery import registry as celery_registry
 from django_pgqueue.celery.exceptions import Unsupported
 from django_pgqueue.celery.result import AsyncResult, GroupResult
 from django_pgqueue.celery.signals import Signal
-from django_pgqueue.celery.task import Task, make_task
+from django_pgqueue.celery.task import Task, add_autoretry, make_task
 from django_pgqueue.signals import tasks_imported
 
 # The keys this package reads, with Celery's defaults. Any other key is kept (and
@@ -285,6 +285,10 @@ class Celery:
             self.config_from_object(config_source, namespace=namespace)
         base = import_string(task_cls.replace(":", ".")) if isinstance(task_cls, str) else task_cls
         self.Task = type("Task", (base or Task,), {"app": self, "__module__": __name__})
+        # The default app (no Celery(...) of this package in the project: one moving queue
+        # by queue, still running Celery's own app) leaves the beat schedule and the
+        # broker's settings to Celery: it declares no schedule and checks no serializer.
+        self.is_default = False
         self._autodiscover: list[tuple[Any, str]] = []
         self._periodic: dict[str, dict[str, Any]] = {}
         self.finalized = False
@@ -351,6 +355,7 @@ class Celery:
                                                   self.main)  # fmt: skip
         if task.app is None:
             task.app = self
+        add_autoretry(task)
         return _add(task)
 
     @property
@@ -423,7 +428,7 @@ class Celery:
             "options": {**sig.options, **opts},
         }
         self._periodic[key] = entry
-        if self.finalized:
+        if self.finalized and not self.is_default:
             beat.declare(self, {key: entry})
         return key
 
@@ -438,12 +443,14 @@ class Celery:
             importlib.import_module(module)
         for packages, related_name in self._autodiscover:
             self._discover(packages, related_name)
-        _check_conf(self.conf)
+        if not self.is_default:
+            _check_conf(self.conf)
         for task in celery_registry.all_tasks().values():
             task.definition()
         self.on_after_configure.send(sender=self, source=self.conf)
         self.on_after_finalize.send(sender=self)
-        beat.declare(self, {**self.conf.beat_schedule, **self._periodic})
+        if not self.is_default:
+            beat.declare(self, {**self.conf.beat_schedule, **self._periodic})
 
     def __getattr__(self, name: str) -> Any:
         if name in _UNSUPPORTED:
@@ -505,7 +512,17 @@ def _finalize_apps(**kwargs: Any) -> None:
             task.definition()
 
 
+def _default_app() -> Celery:
+    """The app of ``shared_task`` in a project that creates none of this package's (one
+    still running Celery's own, while it moves queue by queue): Celery's settings from
+    Django's (``CELERY_*``), and no beat schedule (Celery's beat still fires it)."""
+    app = Celery("default", set_as_current=False)
+    app.config_from_object("django.conf:settings", namespace="CELERY")
+    app.is_default = True
+    return app
+
+
 tasks_imported.connect(_finalize_apps, dispatch_uid="django_pgqueue.celery.finalize")
-state.default_app_factory = lambda: Celery("default", set_as_current=False)
+state.default_app_factory = _default_app
 current_app = state.Proxy(state.get_current_app, "current_app")
 current_task = state.Proxy(state.get_current_task, "current_task")

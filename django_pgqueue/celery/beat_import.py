@@ -152,7 +152,7 @@ def _left_out(row: dict[str, Any]) -> list[str]:
     if row["start_time"] is not None:
         left.append(f"its start_time {row['start_time']:%Y-%m-%d %H:%M} (add it paused and "
                     "resume it then)")  # fmt: skip
-    if row["headers"] and json.loads(row["headers"] or "{}"):
+    if (row["headers"] or "{}").strip() not in ("{}", "null", ""):
         left.append("its headers")
     if row["exchange"]:
         left.append("its exchange")

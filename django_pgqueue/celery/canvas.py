@@ -17,6 +17,7 @@ callback cancelled rather than failed with a ChordError.
 
 from __future__ import annotations
 
+import inspect
 import os
 import socket
 import uuid
@@ -236,7 +237,7 @@ class Signature(dict):
         task = _task_of(self)
         return task.apply(
             self._merged_args(args), {**self.kwargs, **(kwargs or {})},
-            **{**_without_links(self.options), **options},
+            **{**self.options, **options},
         )  # fmt: skip
 
 
@@ -247,8 +248,20 @@ def _task_of(sig: Signature) -> Any:
     return task
 
 
-def _without_links(options: dict[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in options.items() if k not in ("link", "link_error")}
+def takes_request(task: Any, partial: int) -> bool:
+    """Whether an errback takes Celery's ``(request, exc, traceback)`` (three positional
+    parameters beyond its ``partial`` arguments), else the failed task's id."""
+    function = type(task).__dict__.get("__wrapped__")  # @app.task's function
+    try:
+        parameters = [
+            p for p in inspect.signature(function or task.run).parameters.values()
+            if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+        ]  # fmt: skip
+    except (TypeError, ValueError):
+        return False
+    if function is not None and getattr(task, "_bind", False):
+        parameters = parameters[1:]  # self
+    return len(parameters) - partial >= 3
 
 
 class _chain(Signature):
@@ -521,11 +534,15 @@ def _has_links(sig: Signature, options: dict[str, Any]) -> bool:
     return any(source.get(k) for source in (sig.options, options) for k in ("link", "link_error"))
 
 
-def _links(options: dict[str, Any], key: str) -> list[Signature]:
-    value = options.get(key)
+def links(value: Any) -> list[Signature]:
+    """A link or link_error option (a signature, or a list of them) as a list."""
     if not value:
         return []
     return [_signature(v) for v in (value if isinstance(value, list | tuple) else [value])]
+
+
+def _links(options: dict[str, Any], key: str) -> list[Signature]:
+    return links(options.get(key))
 
 
 def _publish(

@@ -266,15 +266,21 @@ class Task:
         except Retry as exc:
             if exc.sig is not None:
                 return self.apply(
-                    exc.sig.args, exc.sig.kwargs, task_id=task_id, retries=request.retries + 1,
-                    throw=throw, headers=headers,
+                    exc.sig.args, exc.sig.kwargs, link=link, link_error=link_error,
+                    task_id=task_id, retries=request.retries + 1, throw=throw,
+                    headers=headers,
                 )  # fmt: skip
             return EagerResult(task_id, exc, states.RETRY, name=self.name)
         except Exception as exc:
+            tb = "".join(traceback_module.format_exception(exc))
+            for errback in canvas.links(link_error):
+                wants_request = canvas.takes_request(errback.type, len(errback.args))
+                errback.apply((request, exc, tb) if wants_request else (task_id,))
             if throw:
                 raise
-            tb = "".join(traceback_module.format_exception(exc))
             return EagerResult(task_id, exc, states.FAILURE, traceback=tb, name=self.name)
+        for callback in canvas.links(link):
+            callback.apply((retval,))
         return EagerResult(task_id, retval, states.SUCCESS, name=self.name)
 
     def retry(
@@ -533,7 +539,7 @@ def make_task(app: Any, fun: Callable[..., Any], options: dict[str, Any]) -> Tas
         **options,
     }
     task = type(fun.__name__, (base,), attributes)()
-    _add_autoretry(task)
+    add_autoretry(task)
     return task
 
 
@@ -551,11 +557,11 @@ def _check_task_options(name: str, options: dict[str, Any]) -> None:
             options[key] = tuple(classes)
 
 
-def _add_autoretry(task: Task) -> None:
+def add_autoretry(task: Task) -> None:
     """Celery's autoretry_for: the function's exceptions of those classes (not of
     dont_autoretry_for) retry, with retry_kwargs and the backoff Celery computes."""
     autoretry_for = tuple(task.autoretry_for)
-    if not autoretry_for:
+    if not autoretry_for or "run" in vars(task):  # none, or wrapped already
         return
     dont = tuple(task.dont_autoretry_for)
     run = task.run
@@ -695,17 +701,7 @@ def _errback_args(task: Task, context: TaskContext, parent_id: int, args: tuple)
     if parent.state == "succeeded":
         raise Cancelled(f"task {parent_id}, whose errback this is, succeeded")
     error = parent.errors[-1] if parent.errors else {"type": "Exception", "message": ""}
-    function = type(task).__dict__.get("__wrapped__")  # @app.task's function
-    try:
-        parameters = [
-            p for p in inspect.signature(function or task.run).parameters.values()
-            if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
-        ]  # fmt: skip
-    except (TypeError, ValueError):
-        parameters = []
-    if function is not None and getattr(task, "_bind", False):
-        parameters = parameters[1:]  # self
-    if len(parameters) - len(args) >= 3:
+    if canvas.takes_request(task, len(args)):
         request = Request(
             id=str(parent.id), task=parent.task_name, args=tuple(decode(parent.args)),
             kwargs=decode(parent.kwargs), retries=max(0, parent.attempt - 1),

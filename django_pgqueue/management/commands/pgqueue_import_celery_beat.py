@@ -4,6 +4,7 @@ runtime schedules (docs/celery.md, "Beat"). A dry run unless ``--apply``."""
 from __future__ import annotations
 
 from django.core.management.base import BaseCommand, CommandError
+from django.db import connections
 
 from django_pgqueue.celery import beat_import
 from django_pgqueue.runtime_schedules import InvalidScheduleError
@@ -26,6 +27,11 @@ class Command(BaseCommand):
         )  # fmt: skip
 
     def handle(self, *args, **options):
+        if options["database"] not in connections.settings:
+            raise CommandError(
+                f"--database {options['database']!r} is not an alias of DATABASES: use one "
+                f"of {', '.join(connections.settings)}"
+            )
         try:
             entries = beat_import.read(options["database"])
         except beat_import.NoTables as exc:
