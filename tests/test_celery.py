@@ -16,6 +16,7 @@ from django.core.management import CommandError, call_command
 from django.db import connection, transaction
 from django.utils import timezone
 
+from django_pgqueue import celery as celery_package
 from django_pgqueue.celery import (
     AsyncResult,
     Celery,
@@ -36,7 +37,9 @@ from django_pgqueue.celery import (
     xmap,
     xstarmap,
 )
+from django_pgqueue.celery import app as celery_app_module
 from django_pgqueue.celery import options as celery_options
+from django_pgqueue.celery import signals as celery_signals
 from django_pgqueue.celery import states as celery_states
 from django_pgqueue.celery.beat import declare
 from django_pgqueue.celery.canvas import META
@@ -51,7 +54,7 @@ from tests.celery_project.proj import celery as proj_celery
 from tests.celery_project.proj import settings as proj_settings
 from tests.celery_project.shop import tasks
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = pytest.mark.django_db
 
 ADD = "tests.celery_project.shop.tasks.add"
 
@@ -209,6 +212,55 @@ def test_max_retries_and_default_retry_delay_become_the_rows_attempts_and_backof
     assert definition.retry_on == ()
 
 
+def test_a_tasks_queue_and_priority_are_its_rows_defaults():
+    def report():
+        return None
+
+    task = proj_celery.app.task(queue="reports", priority=9, name="t.report")(report)
+    row_ = row(task.delay())
+    assert (row_.queue, row_.priority) == ("reports", -100)
+
+
+class _Attempt:
+    """The TaskContext fields retry() reads: the row was enqueued with 4 attempts."""
+
+    task_id = 1
+    max_attempts = 4
+
+
+def _retry_in_a_worker(retries: int, **kwargs):
+    tasks.send_twitter_status.push_request(
+        id="1", retries=retries, called_directly=False, task_context=_Attempt()
+    )
+    try:
+        tasks.send_twitter_status.retry(**kwargs)
+    finally:
+        tasks.send_twitter_status.pop_request()
+
+
+def test_retry_eta_becomes_the_delay_of_the_next_attempt():
+    from django_pgqueue.celery import Retry
+
+    with pytest.raises(Retry) as raised:
+        _retry_in_a_worker(0, eta=timezone.now() + timedelta(seconds=30))
+    assert 28 <= raised.value.when <= 30
+    with pytest.raises(Retry) as raised:
+        _retry_in_a_worker(0, countdown=5)
+    assert raised.value.when == 5.0
+
+
+def test_retry_max_retries_of_the_call_lowers_the_limit():
+    with pytest.raises(KeyError):
+        _retry_in_a_worker(1, exc=KeyError("x"), max_retries=1)
+
+
+def test_retry_max_retries_above_the_rows_attempts_fails_saying_so():
+    from django_pgqueue.celery.exceptions import MaxRetriesExceededError
+
+    with pytest.raises(MaxRetriesExceededError, match=r"max_retries=10 asks for more retries"):
+        _retry_in_a_worker(3, max_retries=10)
+
+
 def test_time_limit_is_the_timeout_and_a_timeout_fails_at_once():
     assert tasks.bounded.definition().timeout == 30.0  # time_limit, not soft_time_limit
     assert soft_only.definition().timeout == 5.0  # soft_time_limit alone
@@ -300,6 +352,33 @@ def test_delay_is_part_of_the_callers_transaction():
     assert result.state == celery_states.PENDING
 
 
+def test_the_publish_signals_carry_celerys_arguments():
+    from django_pgqueue.celery.signals import after_task_publish, before_task_publish
+
+    seen = []
+
+    def before(sender=None, body=None, headers=None, routing_key=None, **kwargs):
+        seen.append(("before", sender, headers["id"], headers["task"], body[0], routing_key))
+
+    def after(sender=None, body=None, headers=None, routing_key=None, exchange=None, **kwargs):
+        seen.append(("after", sender, headers["id"], body[1], routing_key, exchange))
+
+    before_task_publish.connect(before)
+    after_task_publish.connect(after, sender=ADD)
+    try:
+        result = tasks.add.apply_async((1,), {"y": 2}, queue="emails")
+        tasks.mul.delay(1, 2)  # another sender: only `before` hears it
+    finally:
+        before_task_publish.disconnect(before)
+        after_task_publish.disconnect(after, sender=ADD)
+    assert seen == [
+        ("before", ADD, None, ADD, [1], "emails"),
+        ("after", ADD, result.id, {"y": 2}, "emails", ""),
+        ("before", tasks.mul.name, None, tasks.mul.name, [1, 2], "default"),
+    ]
+
+
+@pytest.mark.django_db(transaction=True)
 def test_delay_from_transaction_on_commit_enqueues_after_the_commit():
     results = []
     with transaction.atomic():
@@ -308,6 +387,7 @@ def test_delay_from_transaction_on_commit_enqueues_after_the_commit():
     assert row(results[0]).args == [1, 2]
 
 
+@pytest.mark.django_db(transaction=True)
 def test_delay_on_commit_returns_the_id_now_and_writes_at_the_commit():
     with transaction.atomic():
         result = tasks.add.delay_on_commit(3, 4)
@@ -671,6 +751,49 @@ def test_import_celery_beat_without_its_tables_says_so():
 def test_the_apps_remote_control_and_broker_are_refused_naming_the_alternative(name, instead):
     with pytest.raises(Unsupported, match=instead):
         getattr(proj_celery.app, name)
+
+
+@pytest.mark.parametrize("name", sorted(celery_app_module._UNSUPPORTED))
+def test_every_app_attribute_with_no_counterpart_is_refused(name):
+    with pytest.raises(Unsupported, match=rf"^app\.{name} has no counterpart here: \w"):
+        getattr(proj_celery.app, name)
+
+
+@pytest.mark.parametrize("name", sorted(celery_package._UNSUPPORTED))
+def test_every_celery_name_with_no_counterpart_cannot_be_imported(name):
+    with pytest.raises(UnsupportedImport, match=rf"celery's {name} has no counterpart"):
+        exec(f"from django_pgqueue.celery import {name}")
+
+
+@pytest.mark.parametrize("name", sorted(celery_signals._UNSUPPORTED))
+def test_every_celery_signal_with_no_counterpart_cannot_be_imported(name):
+    with pytest.raises(ImportError, match=rf"celery.signals.{name} has no counterpart in "):
+        exec(f"from django_pgqueue.celery.signals import {name}")
+
+
+@pytest.mark.parametrize(
+    ("call", "message"),
+    [
+        (lambda: tasks.add.add_to_chord(tasks.add.s(1, 1)), r"add_to_chord\(\) has no"),
+        (lambda: tasks.add.send_event("task-progress"), r"send_event\(\) has no counterpart"),
+        (lambda: tasks.add.backend, "task.backend has no counterpart.*AsyncResult"),
+        (lambda: AsyncResult("1").then(print), "then has no counterpart.*link"),
+        (lambda: tasks.add.apply_async((1, 2), group_id="g"), r"group_id=...\) has no"),
+        (lambda: tasks.add.apply_async((1, 2), chord="c"), r"chord=...\) has no"),
+        (lambda: tasks.add.apply_async((1, 2), chain=["c"]), r"chain=...\) has no"),
+    ],
+)
+def test_task_and_result_methods_with_no_counterpart_are_refused(call, message):
+    with pytest.raises(Unsupported, match=message):
+        call()
+
+
+def test_a_beat_entry_with_an_exchange_or_an_unknown_key_is_refused():
+    app = new_app()
+    with pytest.raises(ImproperlyConfigured, match="'x': exchange has no counterpart: use queue"):
+        declare(app, {"x": {"task": ADD, "schedule": 10, "options": {"exchange": "e"}}})
+    with pytest.raises(ImproperlyConfigured, match=r"'x': unknown key\(s\) every"):
+        declare(app, {"x": {"task": ADD, "schedule": 10, "every": 3}})
 
 
 @pytest.mark.parametrize("refused", [chunks, xmap, xstarmap])

@@ -220,16 +220,15 @@ class TaskRegistry(Mapping):
 # Celery's app API that has no counterpart here, and what to use instead.
 _UNSUPPORTED = {
     "control": (
-        "app.control (remote control of workers) has no counterpart: cancel a task with "
-        "AsyncResult(id).revoke() or django_pgqueue.cancel(id); pause a queue with "
-        "django_pgqueue.pause(queue); see workers and their tasks in the admin or "
-        "manage.py pgqueue_status"
+        "cancel a task with AsyncResult(id).revoke() or django_pgqueue.cancel(id), pause a "
+        "queue with django_pgqueue.pause(queue), and see the workers and their tasks in the "
+        "admin or with manage.py pgqueue_status"
     ),
-    "events": "app.events has no counterpart: the admin and the metrics show the queue",
-    "amqp": "app.amqp has no counterpart: there is no broker; a task is a row",
-    "backend": "app.backend has no counterpart: a task's result is its row (AsyncResult)",
-    "pool": "app.pool has no counterpart: there is no broker connection pool",
-    "connection": "app.connection has no counterpart: there is no broker",
+    "events": "the admin and the metrics show the queue (docs/admin.md, docs/metrics.md)",
+    "amqp": "there is no broker: a task is a row of your database",
+    "backend": "a task's result is its row: read it with AsyncResult(id)",
+    "pool": "there is no broker: a task is a row of your database",
+    "connection": "there is no broker: a task is a row of your database",
     "connection_for_read": "there is no broker: a task is a row of your database",
     "connection_for_write": "there is no broker: a task is a row of your database",
     "producer_or_acquire": "there is no broker: delay() is an INSERT in your transaction",
@@ -240,7 +239,7 @@ _UNSUPPORTED = {
     "start": "run python manage.py runtaskworker (docs/worker.md)",
     "Beat": "there is no beat process: the workers fire the beat schedule (docs/celery.md)",
     "select_queues": "pass runtaskworker --queues",
-    "setup_security": "payloads are JSON only, never pickle; there is nothing to sign",
+    "setup_security": "payloads are JSON only, never pickle: there is nothing to sign",
 }
 
 
@@ -454,7 +453,7 @@ class Celery:
 
     def __getattr__(self, name: str) -> Any:
         if name in _UNSUPPORTED:
-            raise Unsupported(_UNSUPPORTED[name])
+            raise Unsupported(f"app.{name} has no counterpart here: {_UNSUPPORTED[name]}")
         raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     def __repr__(self) -> str:

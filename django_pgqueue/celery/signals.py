@@ -99,45 +99,45 @@ task_retry = Signal("task_retry")
 
 # Celery's other signals, and what to use here instead.
 _UNSUPPORTED = {
-    "task_sent": "before_task_publish / after_task_publish",
+    "task_sent": "use before_task_publish / after_task_publish",
     "task_received": (
-        "task_prerun (a task is claimed and started in one step), or "
+        "use task_prerun (a task is claimed and started in one step), or "
         "django_pgqueue.signals.task_started"
     ),
-    "task_revoked": "django_pgqueue.signals.task_settled (outcome 'cancelled')",
-    "task_rejected": "nothing: a row names only registered tasks (docs/tasks.md, routing)",
+    "task_revoked": "use django_pgqueue.signals.task_settled (outcome 'cancelled')",
+    "task_rejected": "a row names only registered tasks, and a worker claims only those",
     "task_unknown": (
-        "the queue overview's pending_unroutable count: a task no worker has stays "
+        "use the queue overview's pending_unroutable count: a task no worker has stays "
         "pending and is counted (docs/tasks.md, routing)"
     ),
-    "task_internal_error": "django_pgqueue.signals.task_settled",
-    "worker_init": "your AppConfig.ready(), which every worker process runs",
-    "worker_process_init": "your AppConfig.ready(), which every worker process runs",
-    "worker_process_shutdown": "atexit in your AppConfig.ready()",
-    "worker_ready": "your AppConfig.ready(); the worker logs 'started' once it claims",
-    "worker_shutting_down": "atexit in your AppConfig.ready()",
-    "worker_shutdown": "atexit in your AppConfig.ready()",
-    "worker_before_create_process": "your AppConfig.ready()",
-    "heartbeat_sent": "the worker table (pgqueue_worker.last_heartbeat)",
-    "celeryd_init": "your AppConfig.ready()",
-    "celeryd_after_setup": "your AppConfig.ready()",
-    "import_modules": "your AppConfig.ready()",
-    "setup_logging": "Django's LOGGING setting (docs/logging.md)",
-    "after_setup_logger": "Django's LOGGING setting (docs/logging.md)",
-    "after_setup_task_logger": "Django's LOGGING setting (docs/logging.md)",
-    "beat_init": "nothing: there is no beat process, workers run the schedules",
-    "beat_embedded_init": "nothing: there is no beat process, workers run the schedules",
-    "eventlet_pool_started": "nothing: the worker has no eventlet pool",
-    "eventlet_pool_preshutdown": "nothing: the worker has no eventlet pool",
-    "eventlet_pool_postshutdown": "nothing: the worker has no eventlet pool",
-    "eventlet_pool_apply": "nothing: the worker has no eventlet pool",
-    "user_preload_options": "runtaskworker's options (docs/worker.md)",
+    "task_internal_error": "use django_pgqueue.signals.task_settled",
+    "worker_init": "use your AppConfig.ready(), which every worker process runs",
+    "worker_process_init": "use your AppConfig.ready(), which every worker process runs",
+    "worker_process_shutdown": "use atexit in your AppConfig.ready()",
+    "worker_ready": "use your AppConfig.ready(); the worker logs 'started' once it claims",
+    "worker_shutting_down": "use atexit in your AppConfig.ready()",
+    "worker_shutdown": "use atexit in your AppConfig.ready()",
+    "worker_before_create_process": "use your AppConfig.ready()",
+    "heartbeat_sent": "use the worker table (pgqueue_worker.last_heartbeat)",
+    "celeryd_init": "use your AppConfig.ready()",
+    "celeryd_after_setup": "use your AppConfig.ready()",
+    "import_modules": "use your AppConfig.ready()",
+    "setup_logging": "use Django's LOGGING setting (docs/logging.md)",
+    "after_setup_logger": "use Django's LOGGING setting (docs/logging.md)",
+    "after_setup_task_logger": "use Django's LOGGING setting (docs/logging.md)",
+    "beat_init": "there is no beat process, workers run the schedules",
+    "beat_embedded_init": "there is no beat process, workers run the schedules",
+    "eventlet_pool_started": "the worker has no eventlet pool",
+    "eventlet_pool_preshutdown": "the worker has no eventlet pool",
+    "eventlet_pool_postshutdown": "the worker has no eventlet pool",
+    "eventlet_pool_apply": "the worker has no eventlet pool",
+    "user_preload_options": "use runtaskworker's options (docs/worker.md)",
 }
 
 
 def unsupported_signal(name: str) -> UnsupportedImport:
     return UnsupportedImport(
-        f"celery.signals.{name} has no counterpart in django_pgqueue.celery; use "
+        f"celery.signals.{name} has no counterpart in django_pgqueue.celery: "
         f"{_UNSUPPORTED[name]} (docs/celery.md, 'Signals')"
     )
 
