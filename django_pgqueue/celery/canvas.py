@@ -68,6 +68,7 @@ _STANDARD_HEADERS = frozenset({
     "ignore_result", "replaced_task_nesting", "stamped_headers", "stamps",
 })  # fmt: skip
 
+_HOSTNAME = socket.gethostname()
 # Celery's defaults for a task this process does not know (send_task of a name
 # registered only in the workers): its retry policy is frozen at the call.
 CELERY_MAX_RETRIES = 3
@@ -642,9 +643,12 @@ def _prepare(
     if options.get("ignore_result"):
         meta["ignore_result"] = True
     queue = using.get("queue") or definition.options.queue or definition.queue
-    headers = _headers(name, task_id, using, options, call_args, call_kwargs)
-    body = (call_args, call_kwargs, {"callbacks": None, "errbacks": None, "chain": None,
-                                     "chord": None})  # fmt: skip
+    headers: dict[str, Any] = {"id": None if task_id is None else str(task_id)}
+    body: tuple = ()
+    if before_task_publish.receivers or after_task_publish.receivers:  # else: not built
+        headers = _headers(name, task_id, using, options, call_args, call_kwargs)
+        body = (call_args, call_kwargs, {"callbacks": None, "errbacks": None, "chain": None,
+                                         "chord": None})  # fmt: skip
     _send(before_task_publish, name, body=body, exchange="", routing_key=queue,
           headers=headers, properties={"correlation_id": headers["id"], "priority": chosen},
           declare=[], retry_policy=None)  # fmt: skip
@@ -711,7 +715,7 @@ def _headers(
         "parent_id": None,
         "argsrepr": repr(tuple(args)),
         "kwargsrepr": repr(kwargs),
-        "origin": f"{os.getpid()}@{socket.gethostname()}",
+        "origin": f"{os.getpid()}@{_HOSTNAME}",
         "ignore_result": bool(options.get("ignore_result")),
     }
 

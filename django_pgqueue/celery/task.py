@@ -74,12 +74,6 @@ from django_pgqueue.registry import task as queue_task
 from django_pgqueue.retry import exception_name
 
 _HOSTNAME = f"pgqueue@{socket.gethostname()}"
-# Options Celery accepts on a task that change nothing here (docs/celery.md says why).
-ACCEPTED = (
-    "acks_late", "acks_on_failure_or_timeout", "reject_on_worker_lost", "track_started",
-    "typing", "throws", "trail", "send_events", "store_errors_even_if_ignored",
-    "resultrepr_maxsize", "ignore_result", "lazy", "abstract",
-)  # fmt: skip
 
 
 class Request:
@@ -661,7 +655,10 @@ def _handler(task: Task) -> Callable[..., Any]:
             delivery_info={"routing_key": context.queue, "exchange": "",
                            "redelivered": context.attempt > 1},
             timelimit=(task.soft_time_limit, task.time_limit), task_context=context,
-            ignore_result=bool(meta.get("ignore_result") or task.ignore_result),
+            ignore_result=bool(
+                meta.get("ignore_result") or task.ignore_result
+                or task._app().conf.task_ignore_result
+            ),
         )  # fmt: skip
         try:
             retval = _trace(task, request, args, kwargs)
