@@ -14,7 +14,7 @@ import math
 from django.conf import settings as django_settings
 from django.core.checks import Error, Tags, Warning, register
 from django.db import connections
-from django.db.migrations.executor import MigrationExecutor
+from django.db.migrations.loader import MigrationLoader
 
 from django_pgqueue.conf import (
     SETTINGS,
@@ -260,15 +260,24 @@ def _unapplied(alias: str) -> tuple[list[str], bool]:
     dead_after = get_settings().DEAD_CONNECTION_TIMEOUT
     options.setdefault("connect_timeout", max(2, math.ceil(min(dead_after, 5))))
     connection.settings_dict = {**connection.settings_dict, "OPTIONS": options}
+    # MigrationRecorder reads through connections[alias] (the thread's own connection,
+    # left open), not through ``connection``: django_migrations is read here instead.
+    loader = MigrationLoader(None, ignore_no_migrations=True)
+    leaves = [key for key in loader.graph.leaf_nodes() if key[0] == "django_pgqueue"]
+    planned = [
+        name
+        for app, name in dict.fromkeys(
+            key for leaf in leaves for key in loader.graph.forwards_plan(leaf)
+        )
+        if app == "django_pgqueue"
+    ]
     try:
-        executor = MigrationExecutor(connection)
-        targets = [key for key in executor.loader.graph.leaf_nodes() if key[0] == "django_pgqueue"]
-        names = [
-            migration.name
-            for migration, _backwards in executor.migration_plan(targets)
-            if migration.app_label == "django_pgqueue"
-        ]
-        return names, executor.recorder.has_table()
+        with connection.cursor() as cursor:
+            if "django_migrations" not in connection.introspection.table_names(cursor):
+                return planned, False
+            cursor.execute("SELECT name FROM django_migrations WHERE app = 'django_pgqueue'")
+            applied = {name for (name,) in cursor.fetchall()}
+        return [name for name in planned if name not in applied], True
     finally:
         connection.close()
 

@@ -147,7 +147,7 @@ def test_a_result_that_is_not_json_dead_letters_with_the_reason(start_worker):
 
     row = Task.objects.get(pk=task_id)
     assert row.state == "failed" and row.attempt == 1
-    assert "result: object" in row.errors[0]["message"]
+    assert "result: Unsupported type: <class 'object'>" in row.errors[0]["message"]
 
 
 def test_stored_arguments_that_do_not_fit_the_function_fail_without_retrying(start_worker):

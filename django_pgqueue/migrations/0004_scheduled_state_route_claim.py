@@ -59,7 +59,7 @@ class Migration(migrations.Migration):
         migrations.SeparateDatabaseAndState(
             database_operations=[
                 migrations.RunSQL(
-                    "ALTER TABLE pgqueue_task DROP CONSTRAINT pgqueue_task_state_valid",
+                    'ALTER TABLE "pgqueue_task" DROP CONSTRAINT "pgqueue_task_state_valid"',
                     reverse_sql=[
                         "ALTER TABLE pgqueue_task DROP CONSTRAINT IF EXISTS "
                         "pgqueue_task_state_valid",
