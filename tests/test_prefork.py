@@ -16,12 +16,13 @@ from pathlib import Path
 import pytest
 from django.core.management import CommandError, call_command
 
-from django_pgqueue import cancel
+from django_pgqueue import cancel, operations
 from django_pgqueue.models import Task
 from django_pgqueue.worker.prefork import DEADLINE_MARGIN
 from tests import ledger, prefork_tasks
 from tests.conftest import wait_until
 from tests.test_admin import act, messages_of
+from tests.test_revive import dead_after_a_hard_cancel
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -192,6 +193,41 @@ def test_a_hard_cancel_in_thread_mode_acts_as_a_soft_one_and_says_so(start_worke
     row = wait_until(lambda: finished(task_id, "cancelled"), timeout=5, message="the stop")
     assert row.errors[-1]["message"] == "saw the cancel request"
     assert "--execution process for hard cancels" in worker.log()
+
+
+@pytest.mark.parametrize("revive", [operations.retry_now, operations.requeue_dead])
+def test_a_dead_letter_revived_after_a_hard_cancel_runs_its_handler(pg, start_worker, revive):
+    # Given a dead letter whose last attempt was hard-cancelled, then failed
+    task_id = dead_after_a_hard_cancel(pg, prefork_tasks.double, 21)
+
+    # When an operator revives it and a process-mode worker claims it
+    assert revive([task_id]) == [task_id]
+    process_worker(start_worker)
+
+    # Then its handler runs: the revived task succeeds
+    row = wait_until(lambda: finished(task_id, "succeeded", "cancelled"), message="the run")
+    assert (row.state, row.result["n"]) == ("succeeded", 42), row.errors
+
+
+def test_a_task_flagged_hard_without_a_cancel_request_runs_and_a_soft_cancel_stays_soft(
+    start_worker, ledger_file
+):
+    # Given pending tasks whose rows say cancel_hard without a cancel request (what a
+    # retry of an older release left), one of them watching for a cancel request
+    plain = prefork_tasks.double.enqueue(4)
+    watching = prefork_tasks.wait_for_cancel_flag.enqueue()
+    Task.objects.filter(pk__in=[plain, watching]).update(cancel_hard=True)
+
+    # When a process-mode worker claims them, and the watching one is cancelled softly
+    process_worker(start_worker, "--heartbeat", "0.5")
+    wait_until(lambda: starts(ledger_file, watching), message="the watching handler")
+    assert cancel(watching) == "cancel_requested"
+
+    # Then both handlers ran, and the soft cancel reached the handler instead of a kill
+    row = wait_until(lambda: finished(plain, "succeeded", "cancelled"), message="the plain run")
+    assert (row.state, row.result["n"]) == ("succeeded", 8), row.errors
+    row = wait_until(lambda: finished(watching, "cancelled"), timeout=5, message="the stop")
+    assert row.errors[-1]["message"] == "saw the cancel request"
 
 
 def test_the_cancel_command_cancels_by_id_and_names_the_ids_it_could_not(capsys):

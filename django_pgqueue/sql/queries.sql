@@ -1632,7 +1632,9 @@ SELECT pg_has_role(current_user, c.relowner, 'USAGE')
 -- cancel_requested, which its handler sees (context.cancel_requested) and its
 -- settlement turns into cancelled. Terminal tasks are left alone. hard also sets
 -- cancel_hard: the worker's heartbeat reads it (heartbeat) and, in process execution
--- mode, kills the handler's process. A hard request is never downgraded by a soft one.
+-- mode, kills the handler's process. A hard request is never downgraded by a soft one;
+-- a cancel_hard left without a cancel_requested (a task revived by an older release,
+-- which cleared only cancel_requested) is no request, and a soft cancel stays soft.
 -- A waiting task cancelled here stops waiting (its wait_* columns are cleared); the
 -- pgqueue_release_dependents trigger cancels what waits for it, in this transaction.
 UPDATE pgqueue_task
@@ -1642,7 +1644,7 @@ UPDATE pgqueue_task
        wait_signal = CASE WHEN state = 'running' THEN wait_signal END,
        wait_until = CASE WHEN state = 'running' THEN wait_until END,
        cancel_requested = true,
-       cancel_hard = cancel_hard OR %(hard)s
+       cancel_hard = (cancel_requested AND cancel_hard) OR %(hard)s
  WHERE id = %(id)s
    AND state IN ('scheduled', 'pending', 'waiting', 'running')
 RETURNING id, state;
@@ -1961,9 +1963,10 @@ SELECT pg_is_in_recovery() AS in_recovery,
 
 -- name: retry_now
 -- An operator's "retry now": a scheduled or pending task becomes due at once (pending);
--- a dead letter goes
--- back to pending, due at once, with one more attempt (max_attempts is raised to
--- attempt + 1 if it was spent; requeue_dead gives a fresh budget instead).
+-- a dead letter goes back to pending, due at once, with one more attempt (max_attempts
+-- is raised to attempt + 1 if it was spent; requeue_dead gives a fresh budget instead).
+-- Every cancel flag is cleared: the operator asked for the task to run, and a hard
+-- cancel asked during its last attempt (which then failed) must not kill the new one.
 -- State-checked, never fenced out of a worker's hands: only rows that are pending or
 -- failed when the row lock is taken match. A row a worker claimed meanwhile is
 -- running by then (READ COMMITTED re-checks the WHERE on the locked row) and is left
@@ -1979,7 +1982,8 @@ WITH retried AS (
                                THEN GREATEST(t.max_attempts, t.attempt + 1)
                                ELSE t.max_attempts END,
            finished_at = NULL,
-           cancel_requested = false
+           cancel_requested = false,
+           cancel_hard = false
      WHERE t.id = ANY (%(ids)s::bigint[])
        AND t.state IN ('scheduled', 'pending', 'failed')
        AND (t.state <> 'failed' OR t.unique_key IS NULL OR NOT EXISTS (
@@ -1993,9 +1997,10 @@ SELECT id, pg_notify('pgqueue_' || (hashtext(queue) & 63), queue)::text FROM ret
 
 
 -- name: requeue_dead
--- Dead letters back to pending with a fresh attempt budget (attempt = 0), due now;
--- their errors are kept. Every filter is optional (NULL matches all): ids, task_name,
--- queue, and since (died at or after; finished_at through pgqueue_task_retention).
+-- Dead letters back to pending with a fresh attempt budget (attempt = 0), due now,
+-- every cancel flag cleared (see retry_now); their errors are kept. Every filter is
+-- optional (NULL matches all): ids, task_name, queue, and since (died at or after;
+-- finished_at through pgqueue_task_retention).
 -- State-checked like retry_now (only rows still failed under the row lock; a live
 -- unique_key keeps its dead twin dead). Wakes the queues it made due.
 WITH requeued AS (
@@ -2004,7 +2009,8 @@ WITH requeued AS (
            attempt = 0,
            run_at = now(),
            finished_at = NULL,
-           cancel_requested = false
+           cancel_requested = false,
+           cancel_hard = false
      WHERE t.state = 'failed'
        AND (%(ids)s::bigint[] IS NULL OR t.id = ANY (%(ids)s::bigint[]))
        AND (%(task_name)s::text IS NULL OR t.task_name = %(task_name)s::text)

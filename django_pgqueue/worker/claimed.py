@@ -161,9 +161,10 @@ class ClaimedTask:
         return (self.started_monotonic or self.received_monotonic) + self.timeout
 
     def request_cancel(self, hard: bool = False) -> None:
-        """The heartbeat saw a cancel request: tell the handler (and, if hard, the pool)."""
+        """The heartbeat saw a cancel request: tell the handler (and, if hard, the pool).
+        A cancel_hard claimed without a cancel_requested was no request (sql: cancel_task)."""
+        self.cancel_hard = (self.cancel_requested and self.cancel_hard) or hard
         self.cancel_requested = True
-        self.cancel_hard = self.cancel_hard or hard
         if self.context is not None:
             self.context._cancel_requested = True
 

@@ -319,8 +319,9 @@ class PreforkPool:
         return self._verdict_outcome(task, child, verdict)
 
     def _checkout(self, task: ClaimedTask) -> _Child | None:
-        """An idle child, now running ``task``; None if the task was hard-cancelled
-        while it waited for a slot. Parks once the pool is closing."""
+        """An idle child, now running ``task``; None if a hard cancel was requested
+        while it waited for a slot (cancel_hard alone, left by an older release's
+        retry, is none). Parks once the pool is closing."""
         child = self._idle.get()
         if child is None:
             try:
@@ -329,7 +330,7 @@ class PreforkPool:
                 self._idle.put(None)
                 raise
         with self._lock:
-            closing, cancelled = self._closing, task.cancel_hard
+            closing, cancelled = self._closing, task.cancel_requested and task.cancel_hard
             if not closing and not cancelled:
                 child.lease = task.lease
                 self._busy[task.lease] = child
