@@ -13,12 +13,13 @@ caller that must see what it just wrote reads ``using=DATABASE``.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Literal, TypedDict, cast
 
-from django.db import connections
+import psycopg
+from django.db import IntegrityError, connections, transaction
 
 from django_pgqueue.conf import database_for, get_settings, read_database
 from django_pgqueue.exceptions import InvalidTaskError, TaskDoesNotExist
@@ -243,11 +244,26 @@ def _ids(task_ids: Iterable[int]) -> list[int]:
     return [i for i in map(int, task_ids) if -_BIGINT_MAX <= i <= _BIGINT_MAX]
 
 
-def retry_now(task_ids: Iterable[int], database: str | None = None) -> list[int]:
+class Revived(list[int]):
+    """The ids a retry or requeue revived (in a dry run: would revive), in order; a list.
+
+    ``skipped``: the dead letters asked for that it left dead for their unique key,
+    each with why: a live task holds the key (two live tasks may not share one), or a
+    newer dead letter of the same key was revived instead (at most one per key is).
+    """
+
+    def __init__(self, ids: Iterable[int] = (), skipped: dict[int, str] | None = None) -> None:
+        super().__init__(ids)  # built like a list too, as list(ids): Django's lookups do
+        self.skipped = {} if skipped is None else skipped
+
+
+def retry_now(task_ids: Iterable[int], database: str | None = None) -> Revived:
     """Make these tasks due now: pending ones at once, dead letters with one more
-    attempt. Running and finished tasks are left alone. Returns the ids retried."""
-    rows = _fetchall("retry_now", {"ids": _ids(task_ids)}, database)
-    return sorted(row[0] for row in rows)
+    attempt; a cancel asked before is cleared. Running and finished tasks are left
+    alone. Returns the ids retried, and in ``.skipped`` the dead letters left dead for
+    their unique key (``Revived``)."""
+    ids = _ids(task_ids)
+    return _revive("retry_now", {"ids": ids}, database, lambda alias: ids)
 
 
 def requeue_dead(
@@ -258,13 +274,15 @@ def requeue_dead(
     since: datetime | None = None,
     dry_run: bool = False,
     database: str | None = None,
-) -> list[int]:
+) -> Revived:
     """Put dead letters (failed tasks) back to pending with a fresh attempt budget.
 
     Filters combine (None matches all); ``since`` keeps tasks that died at or after it.
-    A dead letter whose unique_key is live again is skipped. With ``dry_run``, nothing
-    changes and the ids that would be requeued are returned. On ``database``, else
-    on ``queue``'s database, else on DATABASE.
+    Of the dead letters that share a unique_key, only the newest is requeued, and none
+    while a live task holds the key: the others are returned in ``.skipped`` with why
+    (``Revived``). With ``dry_run``, nothing changes and the ids that would be requeued
+    are returned (and those that would be skipped). On ``database``, else on
+    ``queue``'s database, else on DATABASE.
     """
     for value, what in ((task_name, "task_name"), (queue, "queue")):
         if value is not None:
@@ -277,8 +295,72 @@ def requeue_dead(
     }
     if database is None and queue is not None:
         database = database_for(queue)
-    rows = _fetchall("find_dead" if dry_run else "requeue_dead", params, database)
-    return [row[0] for row in rows]
+    if dry_run:
+        return _revived(_fetchall("find_dead", params, database))
+    return _revive(
+        "requeue_dead",
+        params,
+        database,
+        lambda alias: [row[0] for row in _fetchall("find_dead", params, alias)],
+    )
+
+
+def _revive(
+    query: str,
+    params: dict[str, Any],
+    database: str | None,
+    candidates: Callable[[str], list[int]],
+) -> Revived:
+    """Run a revive (retry_now, requeue_dead) in a savepoint. If a task made live by
+    another transaction after the statement began took the unique key of a row it was
+    reviving (see retry_now in sql/queries.sql), the rows are revived one at a time
+    instead, newest first, each in a savepoint: each statement sees the rows the ones
+    before it revived, and the task that won the key."""
+    alias = _alias(database)
+    try:
+        with transaction.atomic(using=alias):
+            return _revived(_fetchall(query, params, alias))
+    except IntegrityError as exc:
+        if not _key_taken(exc):
+            raise
+    rows: list[tuple] = []
+    for task_id in sorted(set(candidates(alias)), reverse=True):
+        try:
+            with transaction.atomic(using=alias):
+                rows += _fetchall(query, {**params, "ids": [task_id]}, alias)
+        except IntegrityError as exc:
+            if not _key_taken(exc):
+                raise
+            rows.append((task_id, False, None, None, None))
+    return _revived(sorted(rows))
+
+
+def _key_taken(exc: IntegrityError) -> bool:
+    """Whether ``exc`` is two live tasks sharing a unique key."""
+    cause = exc.__cause__
+    return (
+        isinstance(cause, psycopg.errors.UniqueViolation)
+        and cause.diag.constraint_name == "pgqueue_task_unique_live"
+    )
+
+
+def _revived(rows: list[tuple]) -> Revived:
+    """The rows of retry_now, requeue_dead or find_dead (id, revived, unique_key,
+    live_id, newer_id, ...) as a Revived."""
+    skipped: dict[int, str] = {}
+    for task_id, revived, key, live_id, newer_id, *_ in rows:
+        if revived:
+            continue
+        if live_id is not None:
+            skipped[task_id] = f"its unique key {short_repr(key)} belongs to live task {live_id}"
+        elif newer_id is not None:
+            skipped[task_id] = (
+                f"task {newer_id}, a newer dead letter with the same unique key "
+                f"{short_repr(key)}, is revived instead"
+            )
+        else:
+            skipped[task_id] = "a task with the same unique key became live meanwhile"
+    return Revived((row[0] for row in rows if row[1]), skipped)
 
 
 def delete_finished(task_ids: Iterable[int], database: str | None = None) -> list[int]:

@@ -141,6 +141,7 @@ def _run_batches(
     run, words = BATCHES[op.name]
     database = request_database(request)
     done = requested = asked = batches = 0
+    kept: dict[int, str] = {}
     below: int | None = None
     while True:
         page = eligible if below is None else eligible.filter(pk__lt=below)
@@ -154,6 +155,8 @@ def _run_batches(
                     Task.objects.using(database).filter(pk__in=ids).only("pk", "task_name", "state")
                 )
             changed, cancel_requested = run(database, ids)
+            if isinstance(changed, operations.Revived):
+                kept.update(changed.skipped)
             if op.name == "delete":
                 gone = set(changed)
                 _log(request, [t for t in doomed if t.pk in gone], DELETION, words)
@@ -170,7 +173,9 @@ def _run_batches(
     if requested:
         summary += f"; cancellation requested of {requested} running"
     messages.success(request, summary + ".")
-    skipped = asked - done - requested
+    if kept:
+        messages.warning(request, kept_message(kept))
+    skipped = asked - done - requested - len(kept)
     if skipped:
         messages.warning(
             request,
@@ -193,3 +198,11 @@ def _log_ids(request: HttpRequest, database: str, ids: list[int], message: str) 
 def _log(request: HttpRequest, objects: list[Any], flag: int, message: str) -> None:
     if objects:
         LogEntry.objects.log_actions(request.user.pk, objects, flag, message)
+
+
+def kept_message(kept: dict[int, str], shown: int = 10) -> str:
+    """The dead letters a retry or requeue left dead for their unique key, and why
+    (``operations.Revived.skipped``)."""
+    reasons = "; ".join(f"task {task_id}: {why}" for task_id, why in sorted(kept.items())[:shown])
+    more = f"; and {len(kept) - shown} more" if len(kept) > shown else ""
+    return f"Left {len(kept)} dead letter(s) dead for their unique key: {reasons}{more}."

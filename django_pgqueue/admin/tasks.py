@@ -22,7 +22,7 @@ from django.utils import timezone
 from django.utils.html import format_html, format_html_join
 
 from django_pgqueue import operations
-from django_pgqueue.admin.bulk import bulk_action
+from django_pgqueue.admin.bulk import bulk_action, kept_message
 from django_pgqueue.admin.common import (
     EMPTY,
     WithoutDeleteSelected,
@@ -342,12 +342,13 @@ def _retry_now(model_admin: TaskAdmin, request: HttpRequest, ids: list[int]) -> 
     _report(
         request,
         len(retried),
-        len(ids),
+        len(ids) - len(retried.skipped),
         "Retried {count} {noun}.",
         "only pending and failed tasks can be retried now (a running task belongs to its "
-        "worker: cancel it instead; a dead letter whose unique key is live again stays "
-        "dead).",
+        "worker: cancel it instead).",
     )
+    if retried.skipped:
+        messages.warning(request, kept_message(retried.skipped))
 
 
 def _cancel(
@@ -418,11 +419,12 @@ def _requeue(model_admin: TaskAdmin, request: HttpRequest, ids: list[int]) -> No
     _report(
         request,
         len(requeued),
-        len(ids),
+        len(ids) - len(requeued.skipped),
         "Requeued {count} {noun} with a fresh attempt budget.",
-        "only dead letters (failed tasks) can be requeued, and not while a live task has "
-        "the same unique key.",
+        "only dead letters (failed tasks) can be requeued.",
     )
+    if requeued.skipped:
+        messages.warning(request, kept_message(requeued.skipped))
 
 
 def _delete(model_admin: TaskAdmin, request: HttpRequest, ids: list[int]) -> None:

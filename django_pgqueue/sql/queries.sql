@@ -1971,10 +1971,42 @@ SELECT pg_is_in_recovery() AS in_recovery,
 -- failed when the row lock is taken match. A row a worker claimed meanwhile is
 -- running by then (READ COMMITTED re-checks the WHERE on the locked row) and is left
 -- alone, its lease, token and attempt untouched; the claim's SKIP LOCKED skips a row
--- this statement holds. A dead letter whose unique_key is live again (the same key
--- was enqueued since) stays dead: two live rows may not share a key
--- (pgqueue_task_unique_live). By primary key; wakes the queues it made due.
-WITH retried AS (
+-- this statement holds. By primary key; wakes the queues it made due.
+--
+-- Unique keys: two live rows may not share one (pgqueue_task_unique_live). kept is
+-- the dead letters asked for that stay dead, and why: a live row holds the key
+-- (live_id, through pgqueue_task_unique_live), or a newer dead letter of the key among
+-- them is revived instead (newer_id: only the highest id of a key is revived). Both
+-- are judged in this statement's snapshot. The race left: another transaction makes
+-- a row of the key live after that snapshot (an enqueue, another revive). The UPDATE's
+-- insertion into pgqueue_task_unique_live then waits for it and, once it commits,
+-- fails with a unique violation; no statement-level guard can see it coming, and an
+-- UPDATE has no ON CONFLICT. The caller (operations.py, _revive) runs this in a
+-- savepoint and, on that violation, revives the rows one at a time, newest first, each
+-- in a savepoint of its own: each statement's new snapshot sees the row that won, and
+-- keeps its dead letter dead. The other side never fails: an enqueue of the key
+-- (enqueue_unique's ON CONFLICT) that meets this statement's uncommitted row waits for
+-- it and returns the revived task. Advisory locks (lock_unique_key) would not close
+-- the race: an enqueue without unique options takes none.
+-- One row per task revived (revived) and per dead letter kept.
+WITH keyed AS MATERIALIZED (
+    SELECT t.id, t.unique_key,
+           (SELECT l.id
+              FROM pgqueue_task AS l
+             WHERE l.unique_key = t.unique_key
+               AND l.state IN ('scheduled', 'pending', 'running', 'waiting')) AS live_id,
+           max(t.id) OVER (PARTITION BY t.unique_key) AS newest_id
+      FROM pgqueue_task AS t
+     WHERE t.id = ANY (%(ids)s::bigint[])
+       AND t.state = 'failed'
+       AND t.unique_key IS NOT NULL
+),
+kept AS MATERIALIZED (
+    SELECT id, unique_key, live_id, CASE WHEN live_id IS NULL THEN newest_id END AS newer_id
+      FROM keyed
+     WHERE live_id IS NOT NULL OR id <> newest_id
+),
+retried AS (
     UPDATE pgqueue_task AS t
        SET state = 'pending',
            run_at = now(),
@@ -1985,25 +2017,48 @@ WITH retried AS (
            cancel_requested = false,
            cancel_hard = false
      WHERE t.id = ANY (%(ids)s::bigint[])
+       AND t.id <> ALL (ARRAY(SELECT id FROM kept))
        AND t.state IN ('scheduled', 'pending', 'failed')
-       AND (t.state <> 'failed' OR t.unique_key IS NULL OR NOT EXISTS (
-               SELECT 1
-                 FROM pgqueue_task AS l
-                WHERE l.unique_key = t.unique_key
-                  AND l.state IN ('scheduled', 'pending', 'running', 'waiting')))
     RETURNING t.id, t.queue
 )
-SELECT id, pg_notify('pgqueue_' || (hashtext(queue) & 63), queue)::text FROM retried;
+SELECT id, true AS revived, NULL::text AS unique_key, NULL::bigint AS live_id,
+       NULL::bigint AS newer_id, pg_notify('pgqueue_' || (hashtext(queue) & 63), queue)::text
+  FROM retried
+UNION ALL
+SELECT id, false, unique_key, live_id, newer_id, NULL
+  FROM kept
+ ORDER BY id;
 
 
 -- name: requeue_dead
 -- Dead letters back to pending with a fresh attempt budget (attempt = 0), due now,
 -- every cancel flag cleared (see retry_now); their errors are kept. Every filter is
 -- optional (NULL matches all): ids, task_name, queue, and since (died at or after;
--- finished_at through pgqueue_task_retention).
--- State-checked like retry_now (only rows still failed under the row lock; a live
--- unique_key keeps its dead twin dead). Wakes the queues it made due.
-WITH requeued AS (
+-- finished_at through pgqueue_task_retention). State-checked like retry_now (only rows
+-- still failed under the row lock), and its unique keys the same way: kept, the race
+-- with a row made live after its snapshot, and the caller's savepoints, as there. Wakes
+-- the queues it made due. find_dead is its dry run: keep the two in step.
+WITH keyed AS MATERIALIZED (
+    SELECT t.id, t.unique_key,
+           (SELECT l.id
+              FROM pgqueue_task AS l
+             WHERE l.unique_key = t.unique_key
+               AND l.state IN ('scheduled', 'pending', 'running', 'waiting')) AS live_id,
+           max(t.id) OVER (PARTITION BY t.unique_key) AS newest_id
+      FROM pgqueue_task AS t
+     WHERE t.state = 'failed'
+       AND t.unique_key IS NOT NULL
+       AND (%(ids)s::bigint[] IS NULL OR t.id = ANY (%(ids)s::bigint[]))
+       AND (%(task_name)s::text IS NULL OR t.task_name = %(task_name)s::text)
+       AND (%(queue)s::text IS NULL OR t.queue = %(queue)s::text)
+       AND (%(since)s::timestamptz IS NULL OR t.finished_at >= %(since)s::timestamptz)
+),
+kept AS MATERIALIZED (
+    SELECT id, unique_key, live_id, CASE WHEN live_id IS NULL THEN newest_id END AS newer_id
+      FROM keyed
+     WHERE live_id IS NOT NULL OR id <> newest_id
+),
+requeued AS (
     UPDATE pgqueue_task AS t
        SET state = 'pending',
            attempt = 0,
@@ -2016,32 +2071,54 @@ WITH requeued AS (
        AND (%(task_name)s::text IS NULL OR t.task_name = %(task_name)s::text)
        AND (%(queue)s::text IS NULL OR t.queue = %(queue)s::text)
        AND (%(since)s::timestamptz IS NULL OR t.finished_at >= %(since)s::timestamptz)
-       AND (t.unique_key IS NULL OR NOT EXISTS (
-               SELECT 1
-                 FROM pgqueue_task AS l
-                WHERE l.unique_key = t.unique_key
-                  AND l.state IN ('scheduled', 'pending', 'running', 'waiting')))
+       AND t.id <> ALL (ARRAY(SELECT id FROM kept))
     RETURNING t.id, t.queue
 )
-SELECT id, pg_notify('pgqueue_' || (hashtext(queue) & 63), queue)::text
-  FROM requeued ORDER BY id;
+SELECT id, true AS revived, NULL::text AS unique_key, NULL::bigint AS live_id,
+       NULL::bigint AS newer_id, pg_notify('pgqueue_' || (hashtext(queue) & 63), queue)::text
+  FROM requeued
+UNION ALL
+SELECT id, false, unique_key, live_id, newer_id, NULL
+  FROM kept
+ ORDER BY id;
 
 
 -- name: find_dead
--- The ids requeue_dead would take with the same filters (its dry run).
-SELECT t.id
+-- What requeue_dead would do with the same filters (its dry run), in the same rows:
+-- the ids it would requeue (revived), and the dead letters it would keep, and why.
+WITH keyed AS MATERIALIZED (
+    SELECT t.id, t.unique_key,
+           (SELECT l.id
+              FROM pgqueue_task AS l
+             WHERE l.unique_key = t.unique_key
+               AND l.state IN ('scheduled', 'pending', 'running', 'waiting')) AS live_id,
+           max(t.id) OVER (PARTITION BY t.unique_key) AS newest_id
+      FROM pgqueue_task AS t
+     WHERE t.state = 'failed'
+       AND t.unique_key IS NOT NULL
+       AND (%(ids)s::bigint[] IS NULL OR t.id = ANY (%(ids)s::bigint[]))
+       AND (%(task_name)s::text IS NULL OR t.task_name = %(task_name)s::text)
+       AND (%(queue)s::text IS NULL OR t.queue = %(queue)s::text)
+       AND (%(since)s::timestamptz IS NULL OR t.finished_at >= %(since)s::timestamptz)
+),
+kept AS MATERIALIZED (
+    SELECT id, unique_key, live_id, CASE WHEN live_id IS NULL THEN newest_id END AS newer_id
+      FROM keyed
+     WHERE live_id IS NOT NULL OR id <> newest_id
+)
+SELECT t.id, true AS revived, NULL::text AS unique_key, NULL::bigint AS live_id,
+       NULL::bigint AS newer_id
   FROM pgqueue_task AS t
  WHERE t.state = 'failed'
    AND (%(ids)s::bigint[] IS NULL OR t.id = ANY (%(ids)s::bigint[]))
    AND (%(task_name)s::text IS NULL OR t.task_name = %(task_name)s::text)
    AND (%(queue)s::text IS NULL OR t.queue = %(queue)s::text)
    AND (%(since)s::timestamptz IS NULL OR t.finished_at >= %(since)s::timestamptz)
-   AND (t.unique_key IS NULL OR NOT EXISTS (
-           SELECT 1
-             FROM pgqueue_task AS l
-            WHERE l.unique_key = t.unique_key
-              AND l.state IN ('scheduled', 'pending', 'running', 'waiting')))
- ORDER BY t.id;
+   AND t.id <> ALL (ARRAY(SELECT id FROM kept))
+UNION ALL
+SELECT id, false, unique_key, live_id, newer_id
+  FROM kept
+ ORDER BY id;
 
 
 -- name: delete_finished

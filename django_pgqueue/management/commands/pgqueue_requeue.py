@@ -84,3 +84,10 @@ class Command(BaseCommand):
         shown = ", ".join(str(i) for i in ids[:20]) + (" ..." if len(ids) > 20 else "")
         verb = "would requeue" if opts["dry_run"] else "requeued"
         self.stdout.write(f"{verb} {len(ids)} dead letter(s)" + (f": {shown}" if ids else ""))
+        if ids.skipped:
+            verb = "would leave" if opts["dry_run"] else "left"
+            self.stdout.write(f"{verb} {len(ids.skipped)} dead for their unique key:")
+            for task_id, why in sorted(ids.skipped.items())[:20]:
+                self.stdout.write(f"  task {task_id}: {why}")
+            if len(ids.skipped) > 20:
+                self.stdout.write(f"  and {len(ids.skipped) - 20} more")
