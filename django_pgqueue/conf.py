@@ -201,6 +201,18 @@ SETTINGS: tuple[Setting, ...] = (
         "The largest payload of one signal (as JSON); None: no limit.",
         minimum=1024, nullable=True,
     ),
+    Setting(
+        "MAX_TASK_SIGNALS_BYTES", 4 * 1024 * 1024, int,
+        "The most bytes of signals one task keeps (every name's last payload, as JSON): "
+        "a signal that would make more is refused; None: no limit.",
+        minimum=1024, nullable=True,
+    ),
+    Setting(
+        "MAX_TASK_SIGNALS", 1000, int,
+        "The most signal names one task keeps: a signal of a new name past it is "
+        "refused; None: no limit.",
+        minimum=1, nullable=True,
+    ),
     # -- the worker --------------------------------------------------------------------
     Setting(
         "QUEUES", ["default"], list,

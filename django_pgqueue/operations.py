@@ -22,7 +22,7 @@ import psycopg
 from django.db import IntegrityError, connections, transaction
 
 from django_pgqueue.conf import database_for, get_settings, read_database
-from django_pgqueue.exceptions import InvalidTaskError, TaskDoesNotExist
+from django_pgqueue.exceptions import InvalidTaskError, PayloadTooLarge, TaskDoesNotExist
 from django_pgqueue.payload import (
     SIGNAL_LIMIT,
     check_json,
@@ -84,7 +84,10 @@ def signal(
     ``context.wake``), ``"stored"`` (it is not waiting for it yet: the signal is kept,
     and a later ``Suspend(name)`` resumes at once), or None (no such task, or it has
     finished). ``database``: the alias of the task's queue, when it is not DATABASE.
-    A payload larger than ``MAX_SIGNAL_BYTES`` raises PayloadTooLarge: nothing is sent."""
+    A task keeps each name's last payload until it ends: a payload larger than
+    ``MAX_SIGNAL_BYTES``, or a signal that would make the task's signals more than
+    ``MAX_TASK_SIGNALS_BYTES`` or ``MAX_TASK_SIGNALS`` names, raises PayloadTooLarge:
+    nothing is sent."""
     if isinstance(task_id, bool) or not isinstance(task_id, int):
         raise InvalidTaskError(f"a task id is an int, not {short_repr(task_id)}")
     if not isinstance(name, str) or not 1 <= len(name) <= 255:
@@ -94,12 +97,47 @@ def signal(
     check_text(name, "the signal name")
     body = dumps(check_json(payload, "signal payload"))
     check_size(SIGNAL_LIMIT, body)
+    conf = get_settings()
+    bounds = {"max_names": conf.MAX_TASK_SIGNALS, "max_bytes": conf.MAX_TASK_SIGNALS_BYTES}
     with connections[_alias(database)].cursor() as cursor:
-        cursor.execute(QUERIES["signal_task"], {"id": task_id, "name": name, "payload": body})
+        cursor.execute(
+            QUERIES["signal_task"], {"id": task_id, "name": name, "payload": body, **bounds}
+        )
         row = cursor.fetchone()
     if row is None:
         return None
-    return "resumed" if row[2] else "stored"
+    _, _, resumed, _, fits, names, size = row
+    if not fits:
+        raise PayloadTooLarge(_signals_too_large(task_id, name, names, size, **bounds))
+    return "resumed" if resumed else "stored"
+
+
+def _signals_too_large(
+    task_id: int,
+    name: str,
+    names: int,
+    size: int | None,
+    max_names: int | None,
+    max_bytes: int | None,
+) -> str:
+    """Why signal() refused a signal that the task's signals cannot take."""
+    keeps = (
+        "a task keeps every signal sent to it (the last payload of each name) until it "
+        "ends; nothing was sent"
+    )
+    if max_names is not None and names > max_names:
+        return (
+            f"signal {short_repr(name)} to task {task_id}: the task would keep {names:,} "
+            f"signal names, more than the limit of {max_names:,} "
+            f"(PGQUEUE['MAX_TASK_SIGNALS']): send under a name it has, or raise the limit; "
+            f"{keeps}"
+        )
+    return (
+        f"signal {short_repr(name)} to task {task_id}: the task's signals would take "
+        f"{size:,} bytes as JSON, more than the limit of {max_bytes:,} bytes "
+        "(PGQUEUE['MAX_TASK_SIGNALS_BYTES']): send a reference to large data instead, or "
+        f"raise the limit; {keeps}"
+    )
 
 
 def pause(queue: str, task_name: str | None = None) -> None:

@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import json
 import secrets
+import threading
 from collections import Counter
 from pathlib import Path
 
+import psycopg
 import pytest
 from django.core.management import CommandError, call_command
 from django.db import transaction
@@ -23,6 +25,7 @@ from tests import framework_tasks, size_tasks, sqlhelpers, tasks
 from tests.conftest import wait_until
 from tests.factories import TaskFactory
 from tests.test_metrics import free_port, scrape
+from tests.test_unique import InThread, lock_waiters
 
 MIB = 1024 * 1024
 FIFTY_MB = "x" * 50_000_000
@@ -206,6 +209,121 @@ def test_the_admins_send_signal_form_shows_the_limit_and_sends_nothing(admin_cli
     assert "MAX_SIGNAL_BYTES" in response.content.decode()
     task.refresh_from_db()
     assert (task.state, task.signals) == ("waiting", {})
+
+
+@pytest.mark.django_db
+def test_signals_of_distinct_names_cannot_make_a_50_mb_row():
+    # Given a live task, and a caller that forwards input to signal: payloads just
+    # within MAX_SIGNAL_BYTES, each under a new name
+    task = TaskFactory(state="running")
+    payload = "s" * (MIB - 64)
+    sent = 0
+
+    # When it keeps sending
+    with pytest.raises(PayloadTooLarge) as caught:
+        for n in range(60):
+            signal(task.pk, f"event-{n}", payload)
+            sent += 1
+
+    # Then the task's signals stop at the default total (4 MiB): the fifth, which would
+    # pass it, is refused, naming the limit, and not stored
+    message = str(caught.value)
+    assert "PGQUEUE['MAX_TASK_SIGNALS_BYTES']" in message and "nothing was sent" in message
+    assert f"task {task.pk}" in message
+    task.refresh_from_db()
+    assert sorted(task.signals) == sorted(f"event-{n}" for n in range(sent))
+    assert sent == 4
+    assert len(json.dumps(task.signals)) <= 4 * MIB
+
+
+@pytest.mark.django_db
+def test_a_signal_over_the_number_of_names_is_refused_and_a_known_name_is_still_taken():
+    task = TaskFactory(state="running")
+    with override_settings(PGQUEUE={"MAX_TASK_SIGNALS": 2}):
+        signal(task.pk, "a", 1)
+        signal(task.pk, "b", 2)
+
+        with transaction.atomic():
+            with pytest.raises(PayloadTooLarge) as caught:
+                signal(task.pk, "c", 3)
+            assert signal(task.pk, "a", 10) == "stored"  # the block is still usable
+
+    message = str(caught.value)
+    assert "PGQUEUE['MAX_TASK_SIGNALS']" in message and "nothing was sent" in message
+    task.refresh_from_db()
+    assert task.signals == {"a": 10, "b": 2}
+
+
+@pytest.mark.django_db
+def test_a_signal_that_would_wake_a_task_past_the_total_leaves_it_waiting():
+    task = waiting_for("approved")
+    signal(task.pk, "note", "n" * 3000)
+
+    with (
+        override_settings(PGQUEUE={"MAX_TASK_SIGNALS_BYTES": 4096}),
+        pytest.raises(PayloadTooLarge, match=r"PGQUEUE\['MAX_TASK_SIGNALS_BYTES'\]"),
+    ):
+        signal(task.pk, "approved", "a" * 2000)
+
+    task.refresh_from_db()
+    assert (task.state, sorted(task.signals), task.wake) == ("waiting", ["note"], None)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_two_signals_sent_at_once_cannot_both_pass_the_total_only_one_fits(pg):
+    # Given a task, and a signal in flight that takes most of the total (not committed)
+    task = TaskFactory(state="running")
+    release = threading.Event()
+
+    def first() -> str | None:
+        with transaction.atomic():
+            outcome = signal(task.pk, "first", "f" * 3000)
+            release.wait(10)
+        return outcome
+
+    with override_settings(PGQUEUE={"MAX_TASK_SIGNALS_BYTES": 4096}):
+        sender = InThread(first)
+        wait_until(lambda: lock_holders(pg, task.pk), message="the first signal")
+
+        # When a second one, which would fit alone, is sent meanwhile: it waits
+        second = InThread(lambda: signal(task.pk, "second", "s" * 3000))
+        wait_until(lambda: lock_waiters(pg) == 1, message="the second signal to wait")
+        release.set()
+
+        # Then it is measured with the first one stored, and refused
+        assert sender.join() == "stored"
+        with pytest.raises(PayloadTooLarge, match=r"PGQUEUE\['MAX_TASK_SIGNALS_BYTES'\]"):
+            second.join()
+    task.refresh_from_db()
+    assert sorted(task.signals) == ["first"]
+
+
+def lock_holders(pg, task_id: int) -> bool:
+    """Whether another transaction holds the task's row lock (a probe would wait)."""
+    try:
+        with pg.transaction(force_rollback=True):
+            pg.execute("SET LOCAL lock_timeout = '50ms'")
+            pg.execute("SELECT 1 FROM pgqueue_task WHERE id = %s FOR NO KEY UPDATE", [task_id])
+    except psycopg.errors.LockNotAvailable:
+        return True
+    return False
+
+
+@pytest.mark.django_db
+def test_pgqueue_signal_and_the_admin_refuse_a_signal_past_the_tasks_total(admin_client):
+    task = waiting_for("approved")
+    signal(task.pk, "note", "n" * 3000)
+    url = reverse("admin:django_pgqueue_task_signal", args=[task.pk])
+
+    with override_settings(PGQUEUE={"MAX_TASK_SIGNALS_BYTES": 4096}):
+        with pytest.raises(CommandError, match=r"PGQUEUE\['MAX_TASK_SIGNALS_BYTES'\]"):
+            call_command("pgqueue_signal", task.pk, "approved", "--payload", json.dumps("p" * 2000))
+        response = admin_client.post(url, {"name": "approved", "payload": json.dumps("p" * 2000)})
+
+    assert response.status_code == 200  # the form again, with the error
+    assert "MAX_TASK_SIGNALS_BYTES" in response.content.decode()
+    task.refresh_from_db()
+    assert (task.state, sorted(task.signals)) == ("waiting", ["note"])
 
 
 # -- the worker ------------------------------------------------------------------------

@@ -797,13 +797,31 @@ SELECT p.id, p.task_name, p.state, p.result, p.errors -> -1 ->> 'message'
 -- from outside the worker. The row lock (old, by primary key) serialises it with a
 -- settlement of the same row: either the settlement sees the signal, or this sees the
 -- task waiting. A finished task takes no signal (no row is returned).
+-- Bounded: signals keeps each name's last payload until the task ends, so the value
+-- the row would hold with this signal (names, and bytes as PostgreSQL writes it as
+-- JSON text) is measured on the locked row, and past %(max_names)s or %(max_bytes)s
+-- (MAX_TASK_SIGNALS, MAX_TASK_SIGNALS_BYTES; NULL: no bound) nothing is written: the
+-- row comes back with fits false. Measured under the row lock, so two signals sent
+-- at once cannot both pass a bound that only one fits. The bytes are only counted
+-- with a bound (the value is written out as text for it).
 WITH old AS MATERIALIZED (
-    SELECT id, (state = 'waiting' AND wait_reason = 'signal'
-                AND wait_signal = %(name)s::text) AS resumes
-      FROM pgqueue_task
-     WHERE id = %(id)s
-       AND state IN ('scheduled', 'pending', 'running', 'waiting')
-       FOR NO KEY UPDATE
+    SELECT t.id,
+           (t.state = 'waiting' AND t.wait_reason = 'signal'
+            AND t.wait_signal = %(name)s::text) AS resumes,
+           (SELECT count(*) FROM jsonb_object_keys(t.signals || n.signal)) AS names,
+           CASE WHEN %(max_bytes)s::bigint IS NOT NULL
+                THEN octet_length((t.signals || n.signal)::text) END AS bytes
+      FROM pgqueue_task AS t,
+           (SELECT jsonb_build_object(%(name)s::text, %(payload)s::jsonb)) AS n(signal)
+     WHERE t.id = %(id)s
+       AND t.state IN ('scheduled', 'pending', 'running', 'waiting')
+       FOR NO KEY UPDATE OF t
+),
+bounded AS MATERIALIZED (
+    SELECT o.*,
+           (%(max_names)s::int IS NULL OR o.names <= %(max_names)s::int)
+           AND (%(max_bytes)s::bigint IS NULL OR o.bytes <= %(max_bytes)s::bigint) AS fits
+      FROM old AS o
 ),
 signalled AS (
     UPDATE pgqueue_task AS t
@@ -817,13 +835,17 @@ signalled AS (
            wait_reason = CASE WHEN o.resumes THEN NULL ELSE t.wait_reason END,
            wait_signal = CASE WHEN o.resumes THEN NULL ELSE t.wait_signal END,
            wait_until = CASE WHEN o.resumes THEN NULL ELSE t.wait_until END
-      FROM old AS o
+      FROM bounded AS o
      WHERE t.id = o.id
+       AND o.fits
     RETURNING t.id, t.queue, t.state, o.resumes
 )
-SELECT id, state, resumes,
-       CASE WHEN resumes THEN pg_notify('pgqueue_' || (hashtext(queue) & 63), queue)::text END
-  FROM signalled;
+SELECT o.id, s.state, COALESCE(s.resumes, false) AS resumes,
+       CASE WHEN s.resumes
+            THEN pg_notify('pgqueue_' || (hashtext(s.queue) & 63), s.queue)::text END,
+       o.fits, o.names, o.bytes
+  FROM bounded AS o
+  LEFT JOIN signalled AS s ON s.id = o.id;
 
 
 -- name: lock_limited_queues
