@@ -58,6 +58,9 @@ class Task(models.Model):
 
     result = models.JSONField(null=True, blank=True)
     errors = models.JSONField(db_default=models.Value([], models.JSONField()))
+    # errors keeps its last 100 entries (a statement that appends one drops the oldest
+    # past that, sql/queries.sql); how many it dropped, for the admin to say so.
+    errors_dropped = models.IntegerField(db_default=0)
     unique_key = models.CharField(max_length=255, null=True, blank=True)
     checkpoint = models.JSONField(null=True, blank=True)
     progress = models.JSONField(null=True, blank=True)

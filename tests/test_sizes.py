@@ -9,6 +9,7 @@ import json
 import secrets
 import threading
 from collections import Counter
+from datetime import timedelta
 from pathlib import Path
 
 import psycopg
@@ -17,6 +18,7 @@ from django.core.management import CommandError, call_command
 from django.db import transaction
 from django.test import override_settings
 from django.urls import reverse
+from django.utils import timezone
 
 from django_pgqueue import InvalidTaskError, PayloadTooLarge, signal
 from django_pgqueue.models import Task
@@ -26,6 +28,7 @@ from tests.conftest import wait_until
 from tests.factories import TaskFactory
 from tests.test_metrics import free_port, scrape
 from tests.test_unique import InThread, lock_waiters
+from tests.test_unroutable import add_worker, sweep_unroutable
 
 MIB = 1024 * 1024
 FIFTY_MB = "x" * 50_000_000
@@ -324,6 +327,93 @@ def test_pgqueue_signal_and_the_admin_refuse_a_signal_past_the_tasks_total(admin
     assert "MAX_TASK_SIGNALS_BYTES" in response.content.decode()
     task.refresh_from_db()
     assert (task.state, sorted(task.signals)) == ("waiting", ["note"])
+
+
+# -- errors: a row keeps its last 100 ---------------------------------------------------
+
+
+def earlier_errors(count: int) -> list[dict]:
+    return [
+        {"attempt": n, "type": "Old", "message": f"old {n}", "traceback": None}
+        for n in range(1, count + 1)
+    ]
+
+
+def a_failed_attempt(pg, task_id: int) -> None:
+    [claimed] = sqlhelpers.claim(pg, routes=[NOOP])
+    error = {"attempt": claimed.attempt, "type": "New", "message": "new", "traceback": None}
+    outcome = {**sqlhelpers.success(claimed), "label": "failure", "state": "pending"}
+    assert sqlhelpers.settle(pg, [{**outcome, "error": error, "delay": 0}]) == {task_id: "pending"}
+
+
+def a_lost_lease(pg, task_id: int) -> None:
+    sqlhelpers.claim(pg, routes=[NOOP])
+    sqlhelpers.expire_lease(pg, task_id)
+    assert [r[0] for r in sqlhelpers.sweep(pg)] == [task_id]
+
+
+def an_unroutable_task(pg, task_id: int) -> None:
+    add_worker(pg, "w-other", ["default"], [("tests.tasks.other", 1)])
+    assert sweep_unroutable() == 1
+
+
+def an_expiry_at_the_claim(pg, task_id: int) -> None:
+    Task.objects.filter(pk=task_id).update(expires_at=timezone.now() - timedelta(hours=1))
+    [expired] = sqlhelpers.claim(pg, routes=[NOOP])
+    assert expired.expired
+
+
+def an_expiry_at_the_stage(pg, task_id: int) -> None:
+    Task.objects.filter(pk=task_id).update(
+        state="scheduled", expires_at=timezone.now() - timedelta(hours=1)
+    )
+    assert sqlhelpers.claim(pg, routes=[NOOP]) == []  # staged: expired, not claimed
+
+
+NOOP = (tasks.noop.name, tasks.noop.version)
+# Every statement that appends an error, and the type of the error it appends.
+APPENDS = {
+    "a failed attempt (settle)": (a_failed_attempt, "New"),
+    "a lost lease (the sweep)": (a_lost_lease, "LeaseExpired"),
+    "an unroutable task": (an_unroutable_task, "TaskNotRegistered"),
+    "an expiry at the claim": (an_expiry_at_the_claim, "Expired"),
+    "an expiry at the stage": (an_expiry_at_the_stage, "Expired"),
+}
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("before", [3, 100, 150])
+@pytest.mark.parametrize("how", APPENDS)
+def test_a_row_keeps_its_last_100_errors_and_counts_those_it_dropped(pg, how, before):
+    # Given a task with earlier errors (150: more than a row of an older release kept)
+    task_id = TaskFactory(
+        errors=earlier_errors(before),
+        errors_dropped=7,
+        max_attempts=1000,
+        run_at=timezone.now() - timedelta(hours=2),
+    ).pk
+    append, kind = APPENDS[how]
+
+    # When one more error is appended
+    append(pg, task_id)
+
+    # Then the row keeps the last 100 (the new one last) and counts what it dropped
+    row = Task.objects.get(pk=task_id)
+    kept = min(before, 99)
+    assert [e["message"] for e in row.errors[:-1]] == [
+        f"old {n}" for n in range(before - kept + 1, before + 1)
+    ]
+    assert row.errors[-1]["type"] == kind
+    assert row.errors_dropped == 7 + before - kept
+
+
+@pytest.mark.django_db
+def test_the_admin_says_how_many_earlier_errors_were_dropped(admin_client):
+    task = TaskFactory(state="failed", errors=earlier_errors(100), errors_dropped=412)
+
+    page = admin_client.get(reverse("admin:django_pgqueue_task_change", args=[task.pk]))
+
+    assert "412 earlier error(s) dropped: a task keeps its last 100." in page.content.decode()
 
 
 # -- the worker ------------------------------------------------------------------------

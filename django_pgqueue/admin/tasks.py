@@ -845,7 +845,7 @@ class TaskAdmin(WithoutDeleteSelected, ForgedInputMixin, admin.ModelAdmin):
             ),
         )
 
-    @admin.display(description="errors (every attempt)")
+    @admin.display(description="errors (the last 100)")
     def errors_display(self, obj: Task) -> str:
         if not obj.errors:
             return EMPTY
@@ -872,8 +872,17 @@ class TaskAdmin(WithoutDeleteSelected, ForgedInputMixin, admin.ModelAdmin):
                     details,
                 )
             )
+        dropped = (
+            format_html(
+                '<p class="quiet">{} earlier error(s) dropped: a task keeps its last 100.</p>',
+                obj.errors_dropped,
+            )
+            if obj.errors_dropped
+            else ""
+        )
         return format_html(
-            '<ol class="pgqueue-errors">{}</ol>',
+            '{}<ol class="pgqueue-errors">{}</ol>',
+            dropped,
             format_html_join(
                 "",
                 '<li class="pgqueue-error"><strong>Attempt {}: {}</strong> ({}) '

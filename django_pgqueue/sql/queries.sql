@@ -27,6 +27,16 @@
 -- States: 'scheduled' rows are due later and sit outside the claim's indexes; the
 -- stager makes them 'pending' when due, so every pending row is due.
 --
+-- Columns that grow by appending are bounded. A row keeps the last 100 entries of
+-- executions and of errors: every statement that appends an error keeps the last 99
+-- before it, jsonb_path_query_array(errors, '$[last - 98 to last]') (lax mode: a
+-- shorter array is kept whole), and adds how many it dropped to errors_dropped, so a
+-- task that failed a thousand times (a requeued dead letter, a Continue loop) stays
+-- one small row. Only the pgqueue_release_dependents trigger appends without it: to a
+-- task waiting for its parents, which never ran and holds no error. signals is
+-- bounded by signal_task (names and bytes). pgqueue_queue.paused_tasks grows only by
+-- an operator's pause of a task name, and shrinks at its resume.
+--
 -- Wake-ups: every path that makes a task due again sends
 -- pg_notify('pgqueue_' || (hashtext(<queue>) & 63), <queue>) inside its own
 -- transaction: one of 64 channels by the queue's hash, the queue name as payload. A
@@ -528,8 +538,11 @@ UPDATE pgqueue_task AS t
                         THEN t.worker_id ELSE %(worker_id)s END,
        finished_at = CASE WHEN t.started_at IS NULL AND t.expires_at <= statement_timestamp()
                           THEN now() ELSE t.finished_at END,
+       errors_dropped = t.errors_dropped
+                        + CASE WHEN t.started_at IS NULL AND t.expires_at <= statement_timestamp()
+                               THEN GREATEST(jsonb_array_length(t.errors) - 99, 0) ELSE 0 END,
        errors = CASE WHEN t.started_at IS NULL AND t.expires_at <= statement_timestamp()
-                     THEN t.errors || jsonb_build_array(jsonb_build_object(
+                     THEN jsonb_path_query_array(t.errors, '$[last - 98 to last]') || jsonb_build_array(jsonb_build_object(
                          'attempt', t.attempt,
                          'type', 'Expired',
                          'message', 'expired at '
@@ -629,8 +642,11 @@ UPDATE pgqueue_task AS t
                         THEN t.worker_id ELSE %(worker_id)s END,
        finished_at = CASE WHEN t.started_at IS NULL AND t.expires_at <= statement_timestamp()
                           THEN now() ELSE t.finished_at END,
+       errors_dropped = t.errors_dropped
+                        + CASE WHEN t.started_at IS NULL AND t.expires_at <= statement_timestamp()
+                               THEN GREATEST(jsonb_array_length(t.errors) - 99, 0) ELSE 0 END,
        errors = CASE WHEN t.started_at IS NULL AND t.expires_at <= statement_timestamp()
-                     THEN t.errors || jsonb_build_array(jsonb_build_object(
+                     THEN jsonb_path_query_array(t.errors, '$[last - 98 to last]') || jsonb_build_array(jsonb_build_object(
                          'attempt', t.attempt,
                          'type', 'Expired',
                          'message', 'expired at '
@@ -1093,8 +1109,11 @@ staged AS (
                         THEN 'cancelled' ELSE 'pending' END,
            finished_at = CASE WHEN t.started_at IS NULL AND t.expires_at <= now()
                               THEN now() END,
+           errors_dropped = t.errors_dropped
+                            + CASE WHEN t.started_at IS NULL AND t.expires_at <= now()
+                                   THEN GREATEST(jsonb_array_length(t.errors) - 99, 0) ELSE 0 END,
            errors = CASE WHEN t.started_at IS NULL AND t.expires_at <= now()
-                         THEN t.errors || jsonb_build_array(jsonb_build_object(
+                         THEN jsonb_path_query_array(t.errors, '$[last - 98 to last]') || jsonb_build_array(jsonb_build_object(
                              'attempt', t.attempt, 'type', 'Expired',
                              'message', 'expired at '
                                         || to_char(t.expires_at AT TIME ZONE 'UTC',
@@ -1126,8 +1145,11 @@ woken AS (
                                                'signal', t.wait_signal) END,
            finished_at = CASE WHEN t.started_at IS NULL AND t.expires_at <= now()
                               THEN now() END,
+           errors_dropped = t.errors_dropped
+                            + CASE WHEN t.started_at IS NULL AND t.expires_at <= now()
+                                   THEN GREATEST(jsonb_array_length(t.errors) - 99, 0) ELSE 0 END,
            errors = CASE WHEN t.started_at IS NULL AND t.expires_at <= now()
-                         THEN t.errors || jsonb_build_array(jsonb_build_object(
+                         THEN jsonb_path_query_array(t.errors, '$[last - 98 to last]') || jsonb_build_array(jsonb_build_object(
                              'attempt', t.attempt, 'type', 'Expired',
                              'message', 'expired at '
                                         || to_char(t.expires_at AT TIME ZONE 'UTC',
@@ -1279,10 +1301,12 @@ settled AS (
        SET state = m.new_state,
            result = CASE WHEN v.state = 'succeeded' THEN v.result ELSE t.result END,
            errors = CASE WHEN v.error IS NULL THEN t.errors
-                         ELSE t.errors || jsonb_build_array(
+                         ELSE jsonb_path_query_array(t.errors, '$[last - 98 to last]') || jsonb_build_array(
                              v.error || jsonb_build_object('at', now(),
                                                            'worker_id', t.worker_id))
                     END,
+           errors_dropped = t.errors_dropped
+                            + CASE WHEN v.error IS NULL THEN 0 ELSE GREATEST(jsonb_array_length(t.errors) - 99, 0) END,
            executions = CASE WHEN jsonb_array_length(t.executions) >= 100
                              THEN t.executions - 0 ELSE t.executions END
                         || jsonb_build_array(jsonb_build_object(
@@ -1465,7 +1489,8 @@ recovered AS (
            run_at = now(),
            lease_token = NULL,
            lease_expires_at = NULL,
-           errors = t.errors || jsonb_build_array(jsonb_build_object(
+           errors_dropped = t.errors_dropped + GREATEST(jsonb_array_length(t.errors) - 99, 0),
+           errors = jsonb_path_query_array(t.errors, '$[last - 98 to last]') || jsonb_build_array(jsonb_build_object(
                'attempt', t.attempt,
                'type', 'LeaseExpired',
                'message', 'the lease of worker ' || COALESCE(t.worker_id, '?')
@@ -1586,7 +1611,8 @@ doomed AS MATERIALIZED (
 UPDATE pgqueue_task AS t
    SET state = 'failed',
        finished_at = now(),
-       errors = t.errors || jsonb_build_array(jsonb_build_object(
+       errors_dropped = t.errors_dropped + GREATEST(jsonb_array_length(t.errors) - 99, 0),
+       errors = jsonb_path_query_array(t.errors, '$[last - 98 to last]') || jsonb_build_array(jsonb_build_object(
            'attempt', t.attempt,
            'type', 'TaskNotRegistered',
            'message', 'no live worker serving queue ' || quote_literal(t.queue)
