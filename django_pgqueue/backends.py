@@ -47,7 +47,7 @@ from django_pgqueue.registry import (
 )
 from django_pgqueue.retry import RetryPolicy
 
-OPTION_NAMES = ("max_attempts", "backoff", "timeout", "expires")
+OPTION_NAMES = ("max_attempts", "backoff", "timeout", "expires", "atomic")
 _MAX_ID = 2**63 - 1
 
 
@@ -56,9 +56,11 @@ class PgQueueBackend(BaseTaskBackend):
 
     ``OPTIONS`` (all optional; defaults from ``PGQUEUE``): ``max_attempts``,
     ``backoff`` (a number of seconds or a dict of base/factor/cap/jitter) and
-    ``timeout`` (seconds per attempt) and ``expires`` (seconds after the enqueue by
-    which a task must have started, else it never starts), applied to every task
-    enqueued through it.
+    ``timeout`` (seconds per attempt), ``expires`` (seconds after the enqueue by
+    which a task must have started, else it never starts) and ``atomic`` (True: each
+    task's handler runs in a transaction that commits with its success, fenced by its
+    lease; sync tasks only: an ``async def`` task is refused at enqueue), applied to
+    every task enqueued through it.
     """
 
     supports_defer = True
@@ -92,6 +94,12 @@ class PgQueueBackend(BaseTaskBackend):
             self.expires: float | None = (
                 None if expires is None else validate_expires(expires, datetime_allowed=False)
             )
+            atomic = options.get("atomic", False)
+            if not isinstance(atomic, bool):
+                raise queue_errors.InvalidTaskError(
+                    f"atomic must be True or False, not {atomic!r}"
+                )
+            self.atomic: bool = atomic
         except queue_errors.InvalidTaskError as exc:
             raise InvalidTaskBackendError(f"TASKS[{alias!r}]: {exc}") from exc
 
@@ -115,6 +123,14 @@ class PgQueueBackend(BaseTaskBackend):
         definition = framework.register(task)
         args, kwargs = _normalized(task, args, kwargs)
         run_after = task.run_after.isoformat() if task.run_after is not None else None
+        if self.atomic and definition.is_async:
+            raise queue_errors.InvalidTaskError(
+                f"cannot enqueue {task.module_path}: TASKS[{self.alias!r}]['OPTIONS'] has "
+                "atomic=True, which needs a plain def task, and this one is an async def "
+                "(its awaits share the worker's event loop with other tasks, so its writes "
+                "cannot be kept in a transaction of its own); enqueue it through a backend "
+                "without atomic, or make it a plain def; nothing was enqueued"
+            )
         call = definition.using(
             queue=task.queue_name,
             priority=int(task.priority),
@@ -123,6 +139,7 @@ class PgQueueBackend(BaseTaskBackend):
             backoff=self.backoff,
             timeout=self.timeout,
             expires=self.expires,
+            **({"atomic": True} if self.atomic else {}),
             metadata={framework.MARKER: {"backend": self.alias, "run_after": run_after}},
         )
         try:

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import json
+import uuid
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any, NoReturn
 
 from asgiref.sync import sync_to_async
@@ -21,6 +22,10 @@ from django_pgqueue.payload import (
 )
 from django_pgqueue.sql import QUERIES
 
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+# The namespace of idempotency keys (uuid5 of "django_pgqueue" in the URL namespace).
+_IDEMPOTENCY_NAMESPACE = uuid.uuid5(uuid.NAMESPACE_URL, "django_pgqueue")
+
 
 @dataclass
 class TaskContext:
@@ -33,9 +38,15 @@ class TaskContext:
 
     ``save_checkpoint`` and ``report_progress`` are fenced writes on the handler's own
     database connection: inside an ``atomic()`` block they commit (or roll back) with
-    the handler's own writes. They raise LeaseLost when the worker no longer owns the
-    task; stop working when that happens. A value larger than ``MAX_CHECKPOINT_BYTES``
-    raises PayloadTooLarge, and nothing is written.
+    the handler's own writes. In an atomic task (``@task(atomic=True)``) they are held
+    until the attempt commits and written then, in its transaction (a write now would
+    lock the task's row for the rest of the handler: its lease could not be renewed);
+    rolled back, they are never written. They raise LeaseLost when the worker no longer
+    owns the task; stop working when that happens. A value larger than
+    ``MAX_CHECKPOINT_BYTES`` raises PayloadTooLarge, and nothing is written.
+
+    ``idempotency_key`` names the task for the APIs that accept one (payments, email):
+    the same for every attempt of the task, different for every other task.
     """
 
     task_id: int
@@ -59,6 +70,9 @@ class TaskContext:
     # Set by the worker's heartbeat thread, read by the handler: plain flags suffice.
     _cancel_requested: bool = field(default=False, repr=False)
     _lease_lost: bool = field(default=False, repr=False)
+    # An atomic attempt's checkpoint and progress writes, held until its commit (query
+    # name -> parameters); None: written at once.
+    _held: dict[str, dict[str, Any]] | None = field(default=None, repr=False)
 
     @property
     def cancel_requested(self) -> bool:
@@ -67,6 +81,17 @@ class TaskContext:
     @property
     def lease_lost(self) -> bool:
         return self._lease_lost
+
+    @property
+    def idempotency_key(self) -> str:
+        """A key for this task, stable across its attempts (and a requeue of it) and
+        different from every other task's: pass it to an API that deduplicates by key,
+        so that an effect outside the database happens once however often the task
+        runs. A UUID made from the task's id and the instant it was enqueued (the
+        database's clock), so a table that starts its ids again (a new database) does
+        not reuse the keys of the old one."""
+        enqueued = (self.enqueued_at - _EPOCH) // timedelta(microseconds=1)
+        return str(uuid.uuid5(_IDEMPOTENCY_NAMESPACE, f"{self.task_id}:{enqueued}"))
 
     @property
     def is_last_attempt(self) -> bool:
@@ -176,6 +201,11 @@ class TaskContext:
         return {"id": self.task_id, "attempt": self.attempt, "token": self.lease_token}
 
     def _fenced(self, query: str, params: dict[str, Any]) -> None:
+        if self._held is not None:
+            # Atomic: check the lease now (a read: no lock), write at the commit.
+            self.refresh_cancel_requested()
+            self._held[query] = params
+            return
         with connections[self.database].cursor() as cursor:
             cursor.execute(QUERIES[query], {**self._fence_params(), **params})
             row = cursor.fetchone()
@@ -184,6 +214,13 @@ class TaskContext:
             raise LeaseLost(self._lost_message())
         if row[0]:
             self._cancel_requested = True
+
+    def _write_held(self, cursor: Any) -> None:
+        """An atomic attempt's commit (worker/atomic.py, with the row locked by
+        hold_lease): the checkpoint and progress its handler saved, on ``cursor``."""
+        for query, params in (self._held or {}).items():
+            cursor.execute(QUERIES[query], {**self._fence_params(), **params})
+        self._held = {}
 
     async def aparent_results(self) -> dict[int, dict[str, Any]]:
         return await sync_to_async(self.parent_results)()

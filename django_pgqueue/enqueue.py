@@ -31,6 +31,7 @@ from django_pgqueue.payload import (
     fits,
 )
 from django_pgqueue.registry import LIVE_STATES, TASK_STATES, Call, in_utc
+from django_pgqueue.retry import ATOMIC_KEY
 from django_pgqueue.sql import QUERIES
 
 if TYPE_CHECKING:
@@ -71,14 +72,18 @@ def _policy_json(
     policy: RetryPolicy,
     retry_on: tuple[str, ...] | None = None,
     discard_on: tuple[str, ...] = (),
+    atomic: bool | None = None,
 ) -> str:
-    """A retry policy's JSON, with the exception rules (by name) when the task has any:
-    the same few policies are written on every enqueue."""
+    """A retry policy's JSON, with the exception rules (by name) when the task has any,
+    and the call's own ``atomic`` when it chose one (retry.ATOMIC_KEY): the same few
+    policies are written on every enqueue."""
     stored: dict[str, Any] = policy.as_dict()
     if retry_on is not None:
         stored["retry_on"] = list(retry_on)
     if discard_on:
         stored["discard_on"] = list(discard_on)
+    if atomic is not None:
+        stored[ATOMIC_KEY] = atomic
     return dumps(stored)
 
 
@@ -189,7 +194,7 @@ def _build_row(
         # is past by the database's); one already due is staged at the next claim.
         "state": "scheduled" if run_at is not None or opts.delay else "pending",
         "max_attempts": opts.max_attempts or definition.max_attempts,
-        "retry_policy": _policy_json(backoff, retry_on, discard_on),
+        "retry_policy": _policy_json(backoff, retry_on, discard_on, opts.atomic),
         "timeout": _interval(definition.call_timeout),
         "unique_key": unique_key,
         "unique": unique,

@@ -56,6 +56,12 @@ class LeaseLost(PgQueueError):
     """A fenced write matched no row: another worker (or a sweep) owns the task now."""
 
 
+class AtomicWriteRefused(PgQueueError):
+    """An atomic task's handler wrote through another database alias than its task's:
+    that write would not be part of the transaction that commits with the task's
+    success (docs/guarantees.md). The statement was not run."""
+
+
 class HandlerSignal(Exception):
     """Base of the exceptions a handler raises to choose its outcome."""
 

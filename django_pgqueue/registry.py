@@ -88,6 +88,7 @@ OPTION_NAMES = (
     "unique_for",
     "unique_states",
     "on_conflict",
+    "atomic",
 )
 
 
@@ -131,6 +132,7 @@ class UsingOptions(TypedDict, total=False):
     unique_for: float | timedelta | None
     unique_states: Iterable[UniqueState] | None
     on_conflict: Literal["keep", "replace"] | None
+    atomic: bool
 
 
 class TaskOptions(TypedDict, total=False):
@@ -153,6 +155,7 @@ class TaskOptions(TypedDict, total=False):
     unique_for: float | timedelta | None
     unique_states: Iterable[UniqueState] | None
     on_conflict: Literal["keep", "replace"] | None
+    atomic: bool
 
 
 def validate_queue(queue: Any) -> str:
@@ -363,6 +366,22 @@ def validate_commit_alias(alias: Any) -> str:
     return alias
 
 
+def validate_atomic(value: Any, func: Callable[..., Any]) -> bool:
+    """atomic=: a bool; True only for a sync handler (an ``async def`` one interleaves
+    its awaits with other handlers on one loop, while a transaction belongs to one
+    connection of one thread)."""
+    if not isinstance(value, bool):
+        raise InvalidTaskError(f"atomic must be True or False, not {short_repr(value)}")
+    if value and inspect.iscoroutinefunction(func):
+        raise InvalidTaskError(
+            f"atomic=True needs a plain def handler, and {func.__qualname__} is an async "
+            "def: its awaits share the worker's event loop (and asgiref's one thread for "
+            "the ORM) with other handlers, so its writes cannot be kept in a transaction "
+            "of its own. Make the handler a plain def, or leave atomic out"
+        )
+    return value
+
+
 def _is_number(value: Any) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool)
 
@@ -396,6 +415,9 @@ class EnqueueOptions:
     unique_for: float | None = None
     unique_states: tuple[str, ...] | None = None
     on_conflict: str | None = None
+    # Exactly-once effects (docs/guarantees.md): this call's own choice, frozen on its
+    # row; None: the task's (``@task(atomic=...)``, read by the worker when it runs).
+    atomic: bool | None = None
 
 
 @dataclass(frozen=True, eq=False)
@@ -434,6 +456,9 @@ class TaskDefinition(Generic[P, R]):
     unique_for: float | None = None
     unique_states: tuple[str, ...] | None = None
     on_conflict: str | None = None
+    # The handler runs in a transaction on the task's database that also carries its
+    # success, fenced by its lease (worker/atomic.py, docs/guarantees.md).
+    atomic: bool = False
 
     @property
     def is_async(self) -> bool:
@@ -506,6 +531,8 @@ class TaskDefinition(Generic[P, R]):
             options["unique_states"] = validate_unique_states(options["unique_states"])
         if options.get("on_conflict") is not None:
             validate_on_conflict(options["on_conflict"])
+        if "atomic" in options:
+            validate_atomic(options["atomic"], self.func)
         if "after_failure" in options and options["after_failure"] not in AFTER_FAILURE:
             raise InvalidTaskError(
                 f"after_failure must be one of {', '.join(map(repr, AFTER_FAILURE))}, "
@@ -717,6 +744,7 @@ def task(
     unique_for: float | timedelta | None = None,
     unique_states: Iterable[UniqueState] | None = None,
     on_conflict: Literal["keep", "replace"] | None = None,
+    atomic: bool = False,
 ) -> Any:
     """Register a function as a task: ``@task`` or ``@task(queue="emails", ...)``.
 
@@ -733,7 +761,10 @@ def task(
     ``expires`` (seconds) is the default expiry: a task not started that long after
     its enqueue never starts (docs/tasks.md, "Expiry"). ``unique_for``,
     ``unique_states`` and ``on_conflict`` are the defaults of the calls given a
-    ``unique_key`` (docs/tasks.md, "unique_key").
+    ``unique_key`` (docs/tasks.md, "unique_key"). ``atomic=True`` runs the handler in a
+    transaction on the task's database that commits with the attempt's success, and only
+    while the attempt holds its lease: its writes there happen exactly once
+    (docs/guarantees.md, "Exactly-once effects in the task's database").
     """
 
     def decorate(fn: Callable[..., Any]) -> TaskDefinition[..., Any]:
@@ -797,6 +828,7 @@ def task(
                     None if unique_states is None else validate_unique_states(unique_states)
                 ),
                 on_conflict=None if on_conflict is None else validate_on_conflict(on_conflict),
+                atomic=validate_atomic(atomic, fn),
             )
         except InvalidTaskError as exc:
             raise InvalidTaskError(f"@task on {_origin(fn)}: {exc}") from exc

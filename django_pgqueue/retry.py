@@ -1,5 +1,6 @@
 """Retry policy: exponential backoff, capped, with jitter, and which exceptions retry;
-frozen on the row at enqueue (the ``retry_policy`` column)."""
+frozen on the row at enqueue (the ``retry_policy`` column), beside a call's own
+``atomic`` choice."""
 
 from __future__ import annotations
 
@@ -92,6 +93,10 @@ def _number(value: Any, name: str) -> float:
 # compares them with the names of the raised exception's classes (its MRO): a row never
 # makes a worker import anything.
 RULE_KEYS = ("retry_on", "discard_on")
+# A call's own ``using(atomic=...)`` is frozen there too (present only when the call
+# chose; otherwise the task's @task(atomic=...) decides when it runs: worker/atomic.py).
+ATOMIC_KEY = "atomic"
+_NOT_BACKOFF = (*RULE_KEYS, ATOMIC_KEY)
 
 
 def exception_name(cls: type[BaseException]) -> str:
@@ -116,10 +121,11 @@ def exception_names(value: Any, option: str) -> tuple[str, ...]:
 
 
 def backoff_fields(stored: Any) -> Any:
-    """A stored retry_policy without its exception rules: what RetryPolicy reads."""
+    """A stored retry_policy without its exception rules (and atomic): what RetryPolicy
+    reads."""
     if not isinstance(stored, Mapping):
         return stored  # RetryPolicy.from_value says what is wrong with it
-    return {k: v for k, v in stored.items() if k not in RULE_KEYS}
+    return {k: v for k, v in stored.items() if k not in _NOT_BACKOFF}
 
 
 def exception_rule(

@@ -75,7 +75,7 @@ PGQUEUE = {
         "tests.prefork_tasks", "tests.workflow_tasks", "tests.periodic_tasks",
         "tests.testing_tasks",
 
-        "tests.rule_tasks",
+        "tests.rule_tasks", "tests.atomic_tasks",
     ],
     "DEFAULT_BACKOFF": {"base": 0.05, "factor": 2.0, "cap": 0.2, "jitter": 0.0},
     "POLL_INTERVAL": 0.5,

@@ -1265,6 +1265,9 @@ SELECT pg_advisory_unlock_shared(1885827329, c) FROM unnest(%(channels)s::int[])
 --   may be parked for: in a queue of %(limit_queues)s that was at its concurrency limit
 --   (%(limit_concurrency)s) when the statement began (a count of pgqueue_task_running;
 --   below the limit nobody waits for room), or of a row with a concurrency_key.
+-- * Times are statement_timestamp(): the settler runs this in autocommit, where it is
+--   now(); an atomic task runs it as the last statement of its handler's transaction
+--   (after hold_lease), whose now() is the handler's start.
 WITH v AS (
     SELECT *
       FROM jsonb_to_recordset(%(outcomes)s::jsonb) AS v(
@@ -1302,7 +1305,7 @@ settled AS (
            result = CASE WHEN v.state = 'succeeded' THEN v.result ELSE t.result END,
            errors = CASE WHEN v.error IS NULL THEN t.errors
                          ELSE jsonb_path_query_array(t.errors, '$[last - 98 to last]') || jsonb_build_array(
-                             v.error || jsonb_build_object('at', now(),
+                             v.error || jsonb_build_object('at', statement_timestamp(),
                                                            'worker_id', t.worker_id))
                     END,
            errors_dropped = t.errors_dropped
@@ -1312,17 +1315,17 @@ settled AS (
                         || jsonb_build_array(jsonb_build_object(
                                'attempt', t.attempt, 'token', t.lease_token,
                                'worker', t.worker_id, 'started', t.last_attempted_at,
-                               'ended', now(), 'outcome', v.label, 'state', m.new_state,
+                               'ended', statement_timestamp(), 'outcome', v.label, 'state', m.new_state,
                                'source', 'settle')),
            run_at = CASE WHEN m.new_state IN ('pending', 'scheduled')
-                         THEN now() + make_interval(secs => COALESCE(v.delay, 0))
+                         THEN statement_timestamp() + make_interval(secs => COALESCE(v.delay, 0))
                          ELSE t.run_at END,
            finished_at = CASE WHEN m.new_state IN ('pending', 'scheduled', 'waiting') THEN NULL
-                              ELSE now() END,
+                              ELSE statement_timestamp() END,
            wait_reason = CASE WHEN m.new_state = 'waiting' THEN v.wait_reason END,
            wait_signal = CASE WHEN m.new_state = 'waiting' THEN v.wait_signal END,
            wait_until = CASE WHEN m.new_state = 'waiting' AND v.wait_seconds IS NOT NULL
-                             THEN now() + make_interval(secs => v.wait_seconds) END,
+                             THEN statement_timestamp() + make_interval(secs => v.wait_seconds) END,
            parents_pending = CASE WHEN m.new_state = 'waiting' AND v.wait_reason = 'child'
                                   THEN m.open_waits ELSE t.parents_pending END,
            wake = CASE WHEN v.state = 'waiting' AND m.new_state = 'pending'
@@ -1352,6 +1355,30 @@ SELECT id, held_attempt AS attempt, held_token::text AS token, state,
                  OR queue IN (SELECT queue FROM at_limit)
             THEN pg_notify('pgqueue_' || (hashtext(queue) & 63), queue)::text END AS notified
   FROM settled;
+
+
+-- name: hold_lease
+-- An atomic task's commit (worker/atomic.py), in its handler's own transaction, just
+-- before its settle: lock the task's row if this attempt still holds its lease, on
+-- (id, attempt, lease_token, state = 'running') and, unless %(any_expiry)s, a lease
+-- that has not lapsed at this instant (clock_timestamp(): the transaction's now() is
+-- the handler's start). No row: the lease is lost, and the caller rolls the whole
+-- transaction back. By primary key.
+-- The row is not locked while the handler runs (heartbeats, cancels, the sweep and the
+-- admin write it meanwhile); only from here to the commit, a few milliseconds. This
+-- waits for a lock another transaction holds on the row (a renewal, a sweep, a cancel:
+-- one statement each), then checks the row as that one left it (READ COMMITTED checks
+-- a locked row's WHERE again on its latest version): a sweep that recovered the lease
+-- first makes it match nothing; a renewal keeps it matching. Once it has the row,
+-- nothing else writes it before the commit (the sweep and the heartbeat skip locked
+-- rows), so the settle that follows (whose SKIP LOCKED skips only other transactions'
+-- locks) writes it.
+SELECT id
+  FROM pgqueue_task
+ WHERE id = %(id)s AND attempt = %(attempt)s AND lease_token = %(token)s::uuid
+   AND state = 'running'
+   AND (%(any_expiry)s OR lease_expires_at > clock_timestamp())
+   FOR NO KEY UPDATE;
 
 
 -- name: settle_check

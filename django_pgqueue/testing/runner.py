@@ -6,7 +6,9 @@ runs its handler (``execution.execute``, the worker's outcome mapping), and writ
 outcome (``settle``, fenced on the lease it just took), until nothing is due. So a
 retry is scheduled after its backoff, a dependent task is released by the trigger, a
 chord's callback runs once its members have ended, ``Suspend`` waits for its signal
-and ``Continue`` comes back: as in production.
+and ``Continue`` comes back: as in production. An atomic task (``atomic=True``) runs
+in its transaction (a savepoint inside the test's), which its outcome commits with, or
+which rolls back with its handler's writes when it fails.
 
 Everything happens on the test's own connection to the queue's database, so it works
 inside a ``TestCase`` (whose rows no other connection can see) as well as with
@@ -291,7 +293,7 @@ def _run(connection: BaseDatabaseWrapper, alias: str, task: ClaimedTask) -> Task
         # they use this connection, inside the test's transaction.
         outcome = async_to_sync(execute_async)(task, alias, recycle_connections=False)
     else:
-        outcome = execute(task, alias, None, recycle_connections=False)
+        outcome = execute(task, alias, None, recycle_connections=False, renewed_lease=False)
     hooks = []
     if savepoint is not None:
         if _aborted(connection):
@@ -345,7 +347,11 @@ def _aborted(connection: BaseDatabaseWrapper) -> bool:
 def _settle(
     connection: BaseDatabaseWrapper, alias: str, outcome: Outcome
 ) -> tuple[Outcome, str]:
-    """Write the outcome with the worker's ``settle`` statement, fenced on the lease."""
+    """Write the outcome with the worker's ``settle`` statement, fenced on the lease
+    (an atomic task's handler wrote it already, in its transaction)."""
+    if outcome.written is not None:
+        _announce(outcome, outcome.written, alias)
+        return outcome, outcome.written
     outcome = _storable(outcome)
     params = {"outcomes": f"[{_row_json(outcome)}]", "limit_queues": [], "limit_concurrency": []}
     with connection.cursor() as cursor:

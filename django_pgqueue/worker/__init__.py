@@ -18,6 +18,7 @@ One module per concept:
 - ``claimed``: what the worker holds about a claimed task: the row and its lease.
 - ``outcomes``: the outcome policy: what each way an attempt can end does to the row.
 - ``execution``: runs one claimed task's handler and names how it ended.
+- ``atomic``: an atomic task's handler and its outcome, committed in one transaction.
 - ``asyncio_runner``: the event loop that ``async def`` handlers run on.
 - ``inflight``: the claims this process holds and has not settled yet, keyed by lease.
 - ``connection``: the components' own PostgreSQL connections, reconnecting with backoff.

@@ -40,7 +40,7 @@ from django_pgqueue.payload import (
 )
 from django_pgqueue.registry import TaskDefinition, registry
 from django_pgqueue.signals import task_started
-from django_pgqueue.worker import outcomes
+from django_pgqueue.worker import atomic, outcomes
 from django_pgqueue.worker.asyncio_runner import AsyncRunner
 from django_pgqueue.worker.claimed import ClaimedTask
 from django_pgqueue.worker.logging import current_lease
@@ -76,20 +76,24 @@ def execute(
     async_runner: AsyncRunner | None,
     *,
     recycle_connections: bool = True,
+    renewed_lease: bool = True,
 ) -> Outcome:
     """Run the handler of ``task`` and return the outcome to settle. Never raises.
 
     While it runs, log records name this execution (``logging.ExecutionFilter``).
     ``recycle_connections=False`` leaves the thread's connections alone around the
     handler (django_pgqueue.testing runs handlers on a test's own connection, inside
-    its transaction); the worker always recycles them.
+    its transaction); the worker always recycles them. An atomic task's outcome is
+    written here, with its handler's writes (atomic.py: ``Outcome.written``);
+    ``renewed_lease=False`` (django_pgqueue.testing, where no heartbeat renews the
+    lease) lets it commit after the lease's expiry.
     """
     if async_runner is not None and _is_async(task):
         # On the runner's loop, as an async slot runs it (in process mode's children).
         return async_runner.result(execute_async(task, database))
     marker = current_lease.set(task)
     try:
-        return _execute(task, database, recycle_connections)
+        return _execute(task, database, recycle_connections, renewed_lease)
     finally:
         current_lease.reset(marker)
 
@@ -102,7 +106,9 @@ def _is_async(task: ClaimedTask) -> bool:
 
 
 @tracing.consumer
-def _execute(task: ClaimedTask, database: str, recycle_connections: bool = True) -> Outcome:
+def _execute(
+    task: ClaimedTask, database: str, recycle_connections: bool = True, renewed_lease: bool = True
+) -> Outcome:
     prepared = _prepare(task, database)
     if isinstance(prepared, Outcome):
         return prepared
@@ -112,11 +118,18 @@ def _execute(task: ClaimedTask, database: str, recycle_connections: bool = True)
     if task_started.receivers:
         _send_started(definition, task, database)
     started = time.monotonic()
+
+    def attempt() -> Outcome:
+        try:
+            result = _invoke(definition, task, call_args)
+            return _succeeded(task, result, time.monotonic() - started)
+        except BaseException as exc:  # SystemExit from a handler must not kill its slot
+            return _raised(task, definition, call_args, exc)
+
     try:
-        result = _invoke(definition, task, call_args)
-        return _succeeded(task, result, time.monotonic() - started)
-    except BaseException as exc:  # SystemExit from a handler must not kill its slot
-        return _raised(task, definition, call_args, exc)
+        if atomic.chosen(definition, task):
+            return atomic.run(task, database, attempt, any_expiry=not renewed_lease)
+        return attempt()
     finally:
         if recycle_connections:
             close_old_connections()
@@ -144,6 +157,14 @@ async def execute_async(
         if isinstance(prepared, Outcome):
             return prepared
         definition, call_args = prepared
+        if atomic.chosen(definition, task):  # refused at enqueue: the handler changed since
+            return outcomes.unrunnable(
+                task,
+                "InvalidTaskError",
+                "this task was enqueued with atomic=True, and its handler is now an async "
+                "def, which cannot run in a transaction of its own: make it a plain def "
+                "again to run it (requeue it then), or enqueue it without atomic",
+            )
         # Async handlers reach the ORM through sync_to_async, whose connections live in
         # asgiref's thread: recycle those like a request would.
         if recycle_connections:

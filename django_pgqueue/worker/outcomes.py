@@ -30,6 +30,12 @@ lease lapsed before the start    not run: pending again (failed on the last atte
                                 the sweep would write it (a process that stalled)
 shutdown, handler unfinished    pending after ``RELEASE_DELAY``, attempt not refunded
                                 (failed on the last attempt, with WorkerShutdown)
+atomic attempt (``atomic=True``) returned, ``Continue`` and ``Suspend`` as above, written
+                                by the handler's own transaction, which they commit with
+                                (worker/atomic.py); every other ending rolls that
+                                transaction back first, then is written as above
+atomic attempt whose lease was  its writes rolled back; then as a lapsed lease: pending
+lost before its commit          again (failed on the last attempt), if still ours
 ==============================  ===========================================================
 
 Two transitions happen without a worker and live in SQL beside their statements:
@@ -92,6 +98,9 @@ class Outcome:
     wait_seconds: float | None = None
     runtime: float | None = None
     encoded: str | None = None  # as_row() as JSON, once the settler has encoded it
+    # The state an atomic attempt's own transaction wrote with this outcome (it is
+    # committed): the settler only accounts for it.
+    written: str | None = None
     # The exception the attempt ended with, for the log record of its settlement (and so
     # for error reporters such as Sentry): never part of the row, never JSON-encoded.
     exc: BaseException | None = field(default=None, repr=False)
@@ -315,6 +324,26 @@ def expired_before_start(task: ClaimedTask) -> Outcome:
             "LeaseExpired",
             "the lease expired while the task waited to start in this worker (the process "
             "stalled for longer than the lease); it was not run here",
+        ),
+        "outcome": LOST,
+    }
+    state = "pending" if task.attempt < task.max_attempts else "failed"
+    return Outcome(task, LOST, state, error=error, delay=0 if state == "pending" else None)
+
+
+def fenced(task: ClaimedTask) -> Outcome:
+    """An atomic attempt's commit found its lease gone (it lapsed, the sweep recovered
+    it, another worker holds the task): its transaction was rolled back, so nothing the
+    handler wrote is kept. Written as the sweep would write a lapsed lease (fenced on the
+    token: if the sweep did recover it, nothing is written): pending again, or failed
+    when this was the last attempt."""
+    error = {
+        **plain_error(
+            task,
+            "LeaseLost",
+            "the attempt's lease was no longer held when its atomic transaction was to "
+            "commit (it expired, was recovered, or another worker holds the task): the "
+            "transaction was rolled back, and none of the handler's writes were kept",
         ),
         "outcome": LOST,
     }

@@ -6,6 +6,9 @@ an outcome is written at once, with no waiting). Only when the statement has com
 does the worker count, log or acknowledge an outcome: an outcome whose fence matched no
 row is counted as ``lost`` and never reported as a success.
 
+An atomic task's outcome arrives written already (by its handler's own transaction,
+worker/atomic.py): the settler only counts, logs and acknowledges it.
+
 What can go wrong, and what it costs (never another task's outcome):
 
 * A value PostgreSQL refuses (a data error): the batch is written again row by row,
@@ -152,11 +155,22 @@ class Settler:
 
     # -- writing ----------------------------------------------------------------------
     def _flush(self, batch: list[Outcome]) -> None:
-        batch = [_storable(o) for o in batch]
-        try:
-            written = self._settle(batch)
-        except psycopg.DataError:
-            written = self._settle_one_by_one(batch)
+        # An atomic attempt's outcome committed with its handler's writes: only counted.
+        written: dict[Lease, str] = {}
+        unwritten: list[Outcome] = []
+        for outcome in batch:
+            if outcome.written is None:
+                unwritten.append(_storable(outcome))
+            else:
+                written[outcome.task.lease] = outcome.written
+        if unwritten:
+            try:
+                written.update(self._settle(unwritten))
+            except psycopg.DataError:
+                written.update(self._settle_one_by_one(unwritten))  # replaces, in place
+        if len(unwritten) < len(batch):
+            unwritten += [o for o in batch if o.written is not None]
+        batch = unwritten
         missing = [o for o in batch if o.task.lease not in written]
         lost: list[Outcome] = []
         if missing:

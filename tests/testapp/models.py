@@ -13,3 +13,18 @@ class Run(models.Model):
 
     class Meta:
         ordering = ["id"]
+
+
+class Effect(models.Model):
+    """One effect of a test task's handler, written in the task's database: an atomic
+    task's commit keeps it or rolls it back with the attempt (tests/atomic_tasks.py).
+    No unique constraint: the tests count them."""
+
+    task_id = models.BigIntegerField()
+    attempt = models.IntegerField()
+    token = models.CharField(max_length=36)
+    label = models.CharField(max_length=100, blank=True)
+    pid = models.IntegerField()
+
+    class Meta:
+        ordering = ["id"]

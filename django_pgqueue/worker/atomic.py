@@ -1,0 +1,229 @@
+"""The atomic attempt: a handler's writes and its outcome commit in one transaction.
+
+With ``atomic=True`` (docs/guarantees.md, "Exactly-once effects in the task's
+database") the handler runs inside ``transaction.atomic()`` on the task's database (the
+alias of its queue), and the attempt's outcome is written by the last statements of
+that same transaction: ``hold_lease`` locks the task's row if this attempt still holds
+its lease, then ``settle`` (the settler's own statement) writes the outcome, then the
+transaction commits. When ``hold_lease`` finds no row, the lease is lost (it lapsed,
+the sweep recovered it, another worker runs the task): the transaction rolls back, and
+the handler's writes vanish with it.
+
+The outcomes that commit with the handler's writes are those that keep its work: a
+success, ``Continue`` (the slice's work, with its checkpoint) and ``Suspend`` (what it
+did before it waits, such as the task it waits for). Every other ending (an exception,
+``Retry``, ``Snooze``, ``Cancelled``, a timeout, a result that cannot be stored) rolls
+the transaction back first; the settler then writes the outcome, as for any task.
+
+The task's row is not locked while the handler runs, only from ``hold_lease`` to the
+commit (docs/design.md, "Atomic tasks"). A checkpoint or progress the handler saves is
+held on its context until then (context.py): written at once, it would lock the row for
+the rest of the handler, and the heartbeat could not renew the lease.
+
+A connection lost during the commit leaves it unknown whether it committed. The attempt
+then goes to the settler as a failure: its fenced settle writes it if the row still
+holds the lease (nothing committed), and recognises the committed settle by the
+executions entry it wrote (``settle_check``: written) if it did.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import re
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from django.db import DataError, connections, transaction
+
+from django_pgqueue.conf import get_setting
+from django_pgqueue.enqueue_cursor import enqueue_cursor
+from django_pgqueue.exceptions import AtomicWriteRefused
+from django_pgqueue.limits import parse_limits
+from django_pgqueue.registry import TaskDefinition
+from django_pgqueue.retry import ATOMIC_KEY
+from django_pgqueue.sql import QUERIES
+from django_pgqueue.worker import outcomes
+from django_pgqueue.worker.claimed import ClaimedTask
+from django_pgqueue.worker.logging import task_fields
+from django_pgqueue.worker.outcomes import CONTINUED, SUCCESS, SUSPENDED, Outcome
+
+logger = logging.getLogger("django_pgqueue.worker")
+
+# The endings whose outcome commits with the handler's writes.
+KEEPS_WRITES = frozenset({SUCCESS, CONTINUED, SUSPENDED})
+
+# A statement that writes, by its first word: refused through another alias.
+_WRITE = re.compile(r"\s*(INSERT|UPDATE|DELETE|MERGE|TRUNCATE|COPY)\b", re.IGNORECASE)
+
+
+def chosen(definition: TaskDefinition, task: ClaimedTask) -> bool:
+    """Does this attempt run atomically? The call's own ``using(atomic=...)``, frozen
+    on its row, else the task's ``@task(atomic=...)`` as this worker runs it."""
+    stored = task.retry_policy_json
+    if stored and '"atomic"' in stored:  # only the rows whose call chose are parsed
+        value = task.retry_policy.get(ATOMIC_KEY)
+        if isinstance(value, bool):
+            return value
+    return definition.atomic
+
+
+class _RollBack(Exception):
+    """Leaves the attempt's transaction, rolling it back, with the outcome to settle."""
+
+    def __init__(self, outcome: Outcome) -> None:
+        super().__init__(outcome.label)
+        self.outcome = outcome
+
+
+def run(
+    task: ClaimedTask,
+    database: str,
+    attempt: Callable[[], Outcome],
+    *,
+    any_expiry: bool = False,
+) -> Outcome:
+    """Run ``attempt`` (the handler, mapped to its outcome; never raises) in a
+    transaction on ``database``, and commit its outcome with it when that keeps its
+    writes. Returns the outcome: written (``Outcome.written``) or for the settler.
+    Never raises.
+
+    ``any_expiry``: commit while the attempt holds its lease token, however late
+    (django_pgqueue.testing, where nothing renews a lease); a worker also requires
+    the lease not to have lapsed."""
+    connection = connections[database]
+    outermost = not connection.in_atomic_block
+    committed: list[bool] = []
+    context = task.context
+    outcome: Outcome | None = None
+    try:
+        with transaction.atomic(using=database), _writes_only_through(database):
+            if outermost:
+                # The first of the block's commit callbacks: it tells a commit apart
+                # from a failed one when a callback of the handler raises after it.
+                transaction.on_commit(lambda: committed.append(True), using=database)
+            if context is not None:
+                context._held = {}
+            outcome = attempt()
+            if outcome.label not in KEEPS_WRITES:
+                raise _RollBack(outcome)
+            deadline = task.deadline_monotonic
+            if deadline is not None and time.monotonic() >= deadline:
+                raise _RollBack(outcomes.timed_out(task, (
+                    f"the attempt exceeded its timeout of {task.timeout:g}s: its handler "
+                    "returned past it, so its atomic transaction was rolled back"
+                )))  # fmt: skip
+            state = _commit(connection, outcome, any_expiry)
+            if state is None:
+                raise _RollBack(_fenced(task, outcome))
+            outcome.written = state
+    except _RollBack as rolled_back:
+        return rolled_back.outcome
+    except BaseException as exc:
+        if outcome is not None and outcome.written is not None and committed:
+            logger.error(
+                "%s: an on_commit callback of its handler raised after its atomic "
+                "transaction committed (the %s outcome is written)",
+                task.log_prefix(),
+                outcome.label,
+                exc_info=exc,
+                extra=task_fields(task, outcome=outcome.label, state=outcome.written),
+            )
+            return outcome
+        return _in_doubt(task, exc)
+    finally:
+        if context is not None:
+            context._held = None
+    return outcome
+
+
+def _commit(connection: Any, outcome: Outcome, any_expiry: bool) -> str | None:
+    """In the attempt's transaction: lock the row while the lease holds, write what the
+    handler held back, then settle. The settled state, or None if the lease is lost."""
+    task = outcome.task
+    lease = {"id": task.id, "attempt": task.attempt, "token": task.lease_token}
+    with enqueue_cursor(connection) as cursor:
+        cursor.execute(QUERIES["hold_lease"], {**lease, "any_expiry": any_expiry})
+        if cursor.fetchone() is None:
+            return None
+        if task.context is not None:
+            task.context._write_held(cursor)
+        params = {"outcomes": json.dumps([outcome.as_row()]), **_limit_params(task.queue)}
+        try:
+            cursor.execute(QUERIES["settle"], params)
+        except DataError as exc:
+            raise _RollBack(outcomes.unrunnable(
+                task,
+                "OutcomeNotStorable",
+                f"the {outcome.label} outcome of this attempt could not be stored "
+                f"(PostgreSQL: {str(exc).strip().splitlines()[0]}); its atomic "
+                "transaction was rolled back, and the attempt recorded as a failure",
+            )) from exc  # fmt: skip
+        row = cursor.fetchone()
+    return None if row is None else row[3]
+
+
+def _limit_params(queue: str) -> dict[str, list[Any]]:
+    """settle's concurrency limit of ``queue`` (its settlement wakes parked workers
+    when the queue was at its limit), from QUEUE_LIMITS as the settler has it."""
+    limits = get_setting("QUEUE_LIMITS") or {}
+    limit = parse_limits({queue: limits[queue]})[queue] if queue in limits else None
+    if limit is None or not limit.concurrency:
+        return {"limit_queues": [], "limit_concurrency": []}
+    return {"limit_queues": [queue], "limit_concurrency": [limit.concurrency]}
+
+
+def _fenced(task: ClaimedTask, outcome: Outcome) -> Outcome:
+    logger.warning(
+        "%s: its lease was lost before its atomic transaction could commit (it expired, "
+        "was recovered, or another worker holds the task); rolled back: none of the "
+        "handler's writes were kept, and its %s outcome is not written",
+        task.log_prefix(),
+        outcome.label,
+        extra=task_fields(task, outcome=outcomes.LOST),
+    )
+    return outcomes.fenced(task)
+
+
+def _in_doubt(task: ClaimedTask, exc: BaseException) -> Outcome:
+    """The commit raised (a lost connection, a refused statement): a failure for the
+    settler, which recognises a commit that did happen (module docstring)."""
+    logger.warning(
+        "%s: its atomic transaction failed to commit, or its commit's answer was lost "
+        "(%s: %s); the settler writes a failure unless the commit happened",
+        task.log_prefix(),
+        type(exc).__name__,
+        exc,
+        extra=task_fields(task),
+    )
+    return outcomes.failed(task, outcomes.error_entry(task, exc))
+
+
+@contextlib.contextmanager
+def _writes_only_through(database: str) -> Iterator[None]:
+    """Refuse a write through another alias while the attempt's transaction is open:
+    it would commit on its own, whether or not the attempt does. Reads pass."""
+    others = [alias for alias in connections.settings if alias != database]
+    if not others:
+        yield
+        return
+
+    def refuse_writes(execute: Any, sql: Any, params: Any, many: bool, context: Any) -> Any:
+        if isinstance(sql, str) and _WRITE.match(sql):
+            alias = context["connection"].alias
+            raise AtomicWriteRefused(
+                f"this atomic task's writes are committed with its success on its own "
+                f"database, {database!r}, and this statement writes through {alias!r}, "
+                f"where it would commit on its own, however the task ends: "
+                f"{sql.lstrip()[:60]!r}... Write through {database!r}, or make the "
+                "task non-atomic (docs/guarantees.md, \"Exactly-once effects in the "
+                "task's database\"); the statement was not run"
+            )
+        return execute(sql, params, many, context)
+
+    with contextlib.ExitStack() as stack:
+        for alias in others:
+            stack.enter_context(connections[alias].execute_wrapper(refuse_writes))
+        yield

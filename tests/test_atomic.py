@@ -1,0 +1,250 @@
+"""Atomic tasks (``@task(atomic=True)``, docs/guarantees.md, "Exactly-once effects in
+the task's database"): the handler's writes in the task's database commit with the
+attempt's outcome, in one transaction, and only while the attempt holds its lease.
+
+The handlers (tests/atomic_tasks.py) write Effect rows in the task's database. Most
+tests run them with django_pgqueue.testing's run_tasks (the worker's own execution and
+SQL, in the test's thread); the ones about leases, locks and execution modes run real
+worker processes.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from django.db import connection
+from django.test import override_settings
+
+from django_pgqueue import InvalidTaskError, task
+from django_pgqueue.models import Task
+from django_pgqueue.periodic import ScheduleDefinition
+from django_pgqueue.testing import run_tasks
+from django_pgqueue.ticks import Every
+from tests.atomic_tasks import (
+    atomic_checkpoint,
+    atomic_child,
+    atomic_effect,
+    atomic_overrun,
+    atomic_parent,
+    idempotency_key,
+    plain_effect,
+)
+from tests.testapp.models import Effect
+
+BOTH = pytest.mark.parametrize(
+    "mode",
+    [
+        pytest.param("in_transaction", marks=pytest.mark.django_db, id="in_transaction"),
+        pytest.param("committed", marks=pytest.mark.django_db(transaction=True),
+                     id="committed"),
+    ],
+)
+
+
+def effects(task_id: int) -> list[str]:
+    return list(Effect.objects.filter(task_id=task_id).values_list("label", flat=True))
+
+
+# -- what commits, what rolls back ------------------------------------------------------
+
+
+@BOTH
+def test_a_successful_atomic_attempt_keeps_its_writes_and_succeeds(mode):
+    task_id = atomic_effect.enqueue(1)
+
+    result = run_tasks()
+
+    assert result.counts == {"success": 1}
+    assert Task.objects.get(pk=task_id).state == "succeeded"
+    assert effects(task_id) == ["n=1"]
+
+
+@BOTH
+@pytest.mark.parametrize("fail", ["raise", "retry", "snooze"])
+def test_a_failing_atomic_attempt_leaves_no_write_behind(mode, fail):
+    # Given an atomic task that writes, then fails (raises, retries, snoozes)
+    task_id = atomic_effect.using(max_attempts=1).enqueue(1, fail=fail)
+
+    # When it runs once
+    run_tasks(max_tasks=1)
+
+    # Then its write is gone, and its outcome is written as for any task
+    assert effects(task_id) == []
+    state = Task.objects.get(pk=task_id).state
+    assert state == {"raise": "failed", "retry": "failed", "snooze": "pending"}[fail]
+
+
+@BOTH
+def test_the_same_task_without_atomic_keeps_the_write_of_its_failed_attempt(mode):
+    task_id = plain_effect.using(max_attempts=1).enqueue(1, fail="raise")
+
+    run_tasks(max_tasks=1)
+
+    assert effects(task_id) == ["n=1"]
+
+
+@BOTH
+def test_continue_commits_the_slice_with_its_checkpoint(mode):
+    # Given an atomic task that writes, then continues with a checkpoint (first slice)
+    task_id = atomic_effect.enqueue(1, fail="continue")
+
+    # When both slices run
+    result = run_tasks()
+
+    # Then each slice's write was kept
+    assert result.counts == {"continued": 1, "success": 1}
+    assert effects(task_id) == ["n=1", "n=1"]
+
+
+@BOTH
+def test_an_atomic_attempt_past_its_timeout_is_rolled_back_as_a_timeout(mode):
+    task_id = atomic_overrun.using(max_attempts=1).enqueue()
+
+    result = run_tasks()
+
+    assert result.counts == {"timeout": 1}
+    assert effects(task_id) == []
+    row = Task.objects.get(pk=task_id)
+    assert row.state == "failed"
+    assert "rolled back" in row.errors[-1]["message"]
+
+
+@BOTH
+def test_children_an_atomic_handler_enqueues_commit_with_its_success(mode):
+    parent = atomic_parent.enqueue(1)
+
+    result = run_tasks()
+
+    assert result.counts == {"success": 2}
+    children = Task.objects.filter(task_name=atomic_child.name)
+    assert [c.state for c in children] == ["succeeded"]
+    assert Effect.objects.filter(label="child 1").count() == 1
+    assert effects(parent) == ["parent 1"]
+
+
+@BOTH
+def test_children_of_a_failed_atomic_attempt_are_never_enqueued(mode):
+    atomic_parent.using(max_attempts=1).enqueue(1, fail=True)
+
+    result = run_tasks()
+
+    assert result.counts == {"failure": 1}
+    assert not Task.objects.filter(task_name=atomic_child.name).exists()
+    assert not Effect.objects.exists()
+
+
+@BOTH
+def test_checkpoint_and_progress_of_an_atomic_attempt_share_its_fate(mode):
+    kept = atomic_checkpoint.enqueue(False)
+    rolled_back = atomic_checkpoint.using(max_attempts=1).enqueue(True)
+
+    run_tasks()
+
+    row = Task.objects.get(pk=kept)
+    assert (row.state, row.checkpoint, row.progress) == ("succeeded", {"step": 2}, {"done": 2})
+    row = Task.objects.get(pk=rolled_back)
+    assert (row.state, row.checkpoint, row.progress) == ("failed", None, None)
+
+
+@BOTH
+def test_a_dependent_of_an_atomic_task_is_released_by_its_commit(mode):
+    parent = atomic_effect.enqueue(1)
+    child = atomic_effect.using(after=[parent]).enqueue(2)
+
+    result = run_tasks()
+
+    assert result.ids == [parent, child]
+    assert Task.objects.get(pk=child).state == "succeeded"
+
+
+@BOTH
+def test_a_unique_key_an_atomic_handler_took_is_free_again_after_its_rollback(mode):
+    # Given a task enqueued with a unique key by an atomic handler that then failed
+    atomic_parent.using(max_attempts=1).enqueue(1, fail=True, unique_key="child-1")
+    run_tasks()
+
+    # Then no task holds the key: the failed attempt's enqueue never happened
+    assert not Task.objects.filter(unique_key="child-1").exists()
+    first = atomic_child.using(unique_key="child-1").enqueue(1)
+    assert Task.objects.get(unique_key="child-1").id == first
+
+
+# -- choosing atomic --------------------------------------------------------------------
+
+
+@BOTH
+def test_using_atomic_false_runs_an_atomic_task_without_its_transaction(mode):
+    task_id = atomic_effect.using(atomic=False, max_attempts=1).enqueue(1, fail="raise")
+
+    run_tasks()
+
+    assert effects(task_id) == ["n=1"]
+
+
+@BOTH
+def test_using_atomic_true_runs_a_plain_task_in_a_transaction(mode):
+    task_id = plain_effect.using(atomic=True, max_attempts=1).enqueue(1, fail="raise")
+
+    run_tasks()
+
+    assert effects(task_id) == []
+
+
+@pytest.mark.django_db
+def test_the_calls_own_choice_is_frozen_on_its_row_and_the_tasks_is_not():
+    chosen = plain_effect.using(atomic=True).enqueue(1)
+    default = atomic_effect.enqueue(1)
+
+    rows = {t.id: t.retry_policy for t in Task.objects.all()}
+
+    assert rows[chosen]["atomic"] is True
+    assert "atomic" not in rows[default]
+
+
+@pytest.mark.django_db
+def test_a_periodic_task_with_atomic_enqueues_its_ticks_atomic():
+    schedule = ScheduleDefinition(
+        name="atomic-every-minute", task=plain_effect.using(atomic=True), ticks=Every(60),
+        args=(1,), kwargs={}, timezone="UTC", missed="once", catch_up_limit=1,
+    )
+
+    row = schedule.task_row({})
+
+    assert json.loads(row["retry_policy"])["atomic"] is True
+
+
+def test_atomic_true_on_an_async_def_is_refused_at_registration():
+    with pytest.raises(InvalidTaskError, match="atomic=True needs a plain def handler"):
+
+        @task(name="tests.test_atomic.async_atomic", atomic=True)
+        async def async_atomic() -> None: ...
+
+
+def test_using_atomic_true_on_an_async_task_is_refused():
+    from tests.tasks import async_double
+
+    with pytest.raises(InvalidTaskError, match="is an async def"):
+        async_double.using(atomic=True)
+
+
+def test_atomic_must_be_a_bool():
+    with pytest.raises(InvalidTaskError, match="atomic must be True or False"):
+        plain_effect.using(atomic="yes")
+
+
+# -- idempotency key --------------------------------------------------------------------
+
+
+@BOTH
+def test_the_idempotency_key_is_stable_across_attempts_and_differs_between_tasks(mode):
+    first = idempotency_key.enqueue()
+    second = idempotency_key.enqueue()
+
+    run_tasks()
+
+    keys = {t: effects(t) for t in (first, second)}
+    assert len(keys[first]) == 2 and len(set(keys[first])) == 1
+    assert len(keys[second]) == 2 and len(set(keys[second])) == 1
+    assert keys[first][0] != keys[second][0]
+    assert Task.objects.get(pk=first).result == keys[first][0]
