@@ -29,8 +29,10 @@ def effect(context: TaskContext, label: str = "") -> Effect:
 
 
 def wait_for_file(path: str | None, timeout: float = 60.0) -> None:
+    """Wait until ``path`` exists; say so first, in ``<path>.waiting``."""
     if path is None:
         return
+    Path(f"{path}.waiting").touch()
     deadline = time.monotonic() + timeout
     while not Path(path).exists():
         if time.monotonic() > deadline:

@@ -11,25 +11,29 @@ worker processes.
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
-from django.db import connection
-from django.test import override_settings
+from django.db import connection, transaction
 
 from django_pgqueue import InvalidTaskError, task
 from django_pgqueue.models import Task
 from django_pgqueue.periodic import ScheduleDefinition
+from django_pgqueue.sql import QUERIES
 from django_pgqueue.testing import run_tasks
 from django_pgqueue.ticks import Every
 from tests.atomic_tasks import (
     atomic_checkpoint,
     atomic_child,
     atomic_effect,
+    atomic_elsewhere,
     atomic_overrun,
     atomic_parent,
+    atomic_reads_elsewhere,
     idempotency_key,
     plain_effect,
 )
+from tests.conftest import wait_until
 from tests.testapp.models import Effect
 
 BOTH = pytest.mark.parametrize(
@@ -248,3 +252,189 @@ def test_the_idempotency_key_is_stable_across_attempts_and_differs_between_tasks
     assert len(keys[second]) == 2 and len(set(keys[second])) == 1
     assert keys[first][0] != keys[second][0]
     assert Task.objects.get(pk=first).result == keys[first][0]
+
+
+# -- the Tasks framework backend --------------------------------------------------------
+
+
+@pytest.mark.django_db
+def test_the_backends_atomic_option_is_frozen_on_the_rows_it_enqueues():
+    from django_pgqueue.backends import PgQueueBackend
+    from tests import framework_tasks
+
+    backend = PgQueueBackend("atomic", {"QUEUES": ["default"], "OPTIONS": {"atomic": True}})
+
+    result = backend.enqueue(framework_tasks.add, (1, 2), {})
+
+    assert Task.objects.get(pk=int(result.id)).retry_policy["atomic"] is True
+
+
+@pytest.mark.django_db
+def test_the_backends_atomic_option_refuses_an_async_task_and_writes_nothing():
+    from django_pgqueue.backends import PgQueueBackend
+    from tests import framework_tasks
+
+    backend = PgQueueBackend("atomic", {"QUEUES": ["default"], "OPTIONS": {"atomic": True}})
+
+    with pytest.raises(InvalidTaskError, match="atomic=True, which needs a plain def task"):
+        backend.enqueue(framework_tasks.async_double, (1,), {})
+    assert not Task.objects.exists()
+
+
+# -- several databases ------------------------------------------------------------------
+
+
+@pytest.mark.django_db(transaction=True, databases=["default", "queue2"])
+def test_an_atomic_handler_that_writes_through_another_alias_is_refused_and_writes_nothing():
+    task_id = atomic_elsewhere.using(max_attempts=1).enqueue("queue2")
+
+    result = run_tasks()
+
+    assert result.counts == {"failure": 1}
+    error = Task.objects.get(pk=task_id).errors[-1]
+    assert error["type"] == "django_pgqueue.exceptions.AtomicWriteRefused"
+    assert "writes through 'queue2'" in error["message"]
+    assert not Effect.objects.using("queue2").exists()
+
+
+@pytest.mark.django_db(transaction=True, databases=["default", "queue2"])
+def test_an_atomic_handler_may_read_through_another_alias():
+    task_id = atomic_reads_elsewhere.enqueue("queue2")
+
+    run_tasks()
+
+    assert Task.objects.get(pk=task_id).state == "succeeded"
+    assert effects(task_id) == ["read elsewhere"]
+
+
+# -- with workers: leases, locks, execution modes ---------------------------------------
+
+# Neither the heartbeat nor the sweep comes round during these tests: the test moves
+# the lease itself.
+QUIET = ("--lease", "60", "--heartbeat", "20", "--sweep-interval", "60")
+MODES = pytest.mark.parametrize("execution", ["thread", "process"])
+
+
+def started_waiting(path) -> None:
+    wait_until(lambda: Path(f"{path}.waiting").exists(), 30, message="the handler to wait")
+
+
+def recover_lease_now(task_id: int) -> None:
+    """What the sweep does to a lapsed lease, at once: expire it, then recover it."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "UPDATE pgqueue_task SET lease_expires_at = now() - interval '1 second' "
+            "WHERE id = %s",
+            [task_id],
+        )
+        cursor.execute(QUERIES["recover_expired_leases"], {"limit": 100})
+
+
+def expire_lease_now(task_id: int) -> None:
+    """A lease that lapsed, as if its worker had stalled, and that nobody recovered."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "UPDATE pgqueue_task SET lease_expires_at = now() - interval '1 second' "
+            "WHERE id = %s",
+            [task_id],
+        )
+
+
+@pytest.mark.django_db(transaction=True)
+@MODES
+@pytest.mark.parametrize(("handler", "kept"), [(atomic_effect, 0), (plain_effect, 1)],
+                         ids=["atomic", "plain"])
+def test_a_commit_after_the_sweep_recovered_the_lease_rolls_the_writes_back(
+    start_worker, tmp_path, execution, handler, kept
+):
+    # Given a worker running a task (one attempt) that has written, and now waits
+    worker = start_worker(*QUIET, "--execution", execution)
+    gate = tmp_path / "gate"
+    task_id = handler.using(max_attempts=1).enqueue(1, wait_for=str(gate))
+    started_waiting(gate)
+
+    # When the sweep recovers its lease (it ends failed: its one attempt is spent),
+    # and then the handler returns
+    recover_lease_now(task_id)
+    gate.touch()
+
+    # Then an atomic task's write is rolled back with its refused commit; a plain one's
+    # stays
+    wait_until(lambda: "lease" in worker.log() and "not written" in worker.log(), 30,
+               message="the refused outcome")
+    assert Task.objects.get(pk=task_id).state == "failed"
+    assert len(effects(task_id)) == kept
+    if kept == 0:
+        assert "before its atomic transaction could commit" in worker.log()
+
+
+@pytest.mark.django_db(transaction=True)
+@MODES
+def test_an_atomic_attempt_whose_lease_lapsed_does_not_commit_and_runs_again(
+    start_worker, tmp_path, execution
+):
+    # Given a worker running an atomic task that has written, and now waits
+    worker = start_worker(*QUIET, "--execution", execution)
+    gate = tmp_path / "gate"
+    task_id = atomic_effect.enqueue(1, wait_for=str(gate))
+    started_waiting(gate)
+
+    # When its lease lapses (its worker stalled, say) and nobody recovers it, and then
+    # the handler returns
+    expire_lease_now(task_id)
+    gate.touch()
+
+    # Then the late commit is refused and rolled back, and the task runs again: one
+    # effect, the second attempt's
+    wait_until(lambda: Task.objects.get(pk=task_id).state == "succeeded", 30,
+               message="the second attempt")
+    row = Task.objects.get(pk=task_id)
+    assert list(Effect.objects.filter(task_id=task_id).values_list("attempt", flat=True)) == [2]
+    assert [e["outcome"] for e in row.executions] == ["lost", "success"]
+    assert "before its atomic transaction could commit" in worker.log()
+
+
+@pytest.mark.django_db(transaction=True)
+@MODES
+def test_an_atomic_handler_leaves_its_row_unlocked_and_its_lease_renewed(
+    start_worker, tmp_path, execution
+):
+    # Given a worker with a 2 s lease running an atomic task that has written and
+    # reported progress, and now waits
+    start_worker("--lease", "2", "--heartbeat", "0.5", "--execution", execution)
+    gate = tmp_path / "gate"
+    task_id = atomic_effect.enqueue(1, wait_for=str(gate), progress=True)
+    started_waiting(gate)
+    claimed = Task.objects.get(pk=task_id).lease_expires_at
+
+    # Then another transaction can lock its row at once, its lease is renewed, and the
+    # progress is not there yet (it commits with the attempt)
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT id FROM pgqueue_task WHERE id = %s FOR NO KEY UPDATE NOWAIT", [task_id]
+        )
+    wait_until(lambda: Task.objects.get(pk=task_id).lease_expires_at > claimed, 10,
+               message="the lease to be renewed")
+    assert Task.objects.get(pk=task_id).progress is None
+
+    # When the handler returns, its write and its progress commit with its success
+    gate.touch()
+    wait_until(lambda: Task.objects.get(pk=task_id).state == "succeeded", 30,
+               message="the task to succeed")
+    assert Task.objects.get(pk=task_id).progress == {"n": 1, "done": 1}
+    assert effects(task_id) == ["n=1"]
+
+
+@pytest.mark.django_db(transaction=True)
+@MODES
+def test_a_worker_commits_atomic_successes_and_rolls_back_failures(start_worker, execution):
+    start_worker("--execution", execution)
+    good = [atomic_effect.enqueue(n) for n in range(5)]
+    bad = [atomic_effect.using(max_attempts=1).enqueue(n, fail="raise") for n in range(3)]
+
+    wait_until(lambda: not Task.objects.filter(state__in=["pending", "running"]).exists(),
+               30, message="the tasks to end")
+
+    assert {t.state for t in Task.objects.filter(pk__in=good)} == {"succeeded"}
+    assert {t.state for t in Task.objects.filter(pk__in=bad)} == {"failed"}
+    assert sorted(Effect.objects.values_list("task_id", flat=True)) == good
