@@ -127,6 +127,27 @@ def test_without_a_direct_address_a_pooled_worker_polls_and_says_so(bouncer, sta
     assert " ERROR " not in worker.log()
 
 
+def test_atomic_tasks_commit_and_roll_back_through_the_pooler(bouncer, start_worker):
+    from tests.atomic_tasks import atomic_effect
+    from tests.testapp.models import Effect
+
+    # Given a worker whose connections (its handlers' too) go through the pooler
+    url = url_through(connections["default"].settings_dict, bouncer.port)
+    start_worker("--concurrency", "4", database_url=url, env=pooled_env(direct=True))
+    # When atomic tasks run there: each handler's transaction holds one of the pooler's
+    # three server connections from its first write to its commit
+    good = [atomic_effect.enqueue(n, seconds=0.05, progress=True) for n in range(20)]
+    bad = [atomic_effect.using(max_attempts=1).enqueue(n, fail="raise") for n in range(5)]
+    wait_until(lambda: states(good + bad) == {"succeeded": 20, "failed": 5}, 60, 0.05,
+               message=f"the tasks to end ({states(good + bad)})")
+
+    # Then the successes kept their writes and progress, the failures none
+    assert sorted(Effect.objects.values_list("task_id", flat=True)) == good
+    assert all(t.progress == {"n": t.args[0], "done": 1}
+               for t in Task.objects.filter(pk__in=good))
+    assert "ERROR" not in bouncer.log().replace("ERROR_", ""), bouncer.log()
+
+
 def test_pooled_worker_connections_send_no_session_settings(settings):
     from django_pgqueue.worker.connection import connection_params
 

@@ -1382,8 +1382,8 @@ SELECT id
 
 
 -- name: settle_check
--- For the leases a settle did not write: why not. A plain read (never waits on a
--- lock), by primary key.
+-- For the leases a settle did not write, or a heartbeat did not renew: why not. A plain
+-- read (never waits on a lock), by primary key.
 --   held     the lease is still ours: the row was locked (skipped); retry later.
 --   written  an earlier settle with this very lease already wrote it (a replay after a
 --            lost reply): state is what it wrote, or what became of it since.
@@ -1431,7 +1431,7 @@ UPDATE pgqueue_task AS t
 -- claim changes the token). SKIP LOCKED: a row locked by its own handler's open
 -- transaction (a checkpoint written inside atomic()) is skipped this round instead of
 -- stalling every other renewal behind it. Returns the renewed leases and their cancel
--- flags; the caller checks the leases that are missing with still_leased.
+-- flags; the caller checks the leases that are missing with settle_check.
 WITH v AS (
     SELECT *
       FROM jsonb_to_recordset(%(leases)s::jsonb) AS v(id bigint, attempt int, token uuid)
@@ -1448,17 +1448,6 @@ UPDATE pgqueue_task AS t
   FROM mine
  WHERE t.id = mine.id
 RETURNING t.id, t.attempt, t.lease_token::text AS token, t.cancel_requested, t.cancel_hard;
-
-
--- name: still_leased
--- Which of these leases still hold (a plain read: never waits on a row lock). Used by
--- the heartbeat for rows it could not renew: present means "locked by its own handler,
--- renew next time"; absent means the lease was lost.
-SELECT t.id, t.attempt, t.lease_token::text AS token
-  FROM pgqueue_task AS t
-  JOIN jsonb_to_recordset(%(leases)s::jsonb) AS v(id bigint, attempt int, token uuid)
-    ON t.id = v.id AND t.attempt = v.attempt AND t.lease_token = v.token
- WHERE t.state = 'running';
 
 
 -- name: save_checkpoint

@@ -86,10 +86,13 @@ class Heartbeat(Periodic):
         missing = [t for t in tasks if t.lease not in renewed]
         held: set[Lease] = set()
         if missing:
+            # Not renewed: still ours (its row was locked), settled by this very lease
+            # (an atomic attempt's own commit, on its way to the settler), or lost.
             check = json.dumps([t.lease.as_json() for t in missing])
             held = {
                 Lease(r[0], r[1], r[2])
-                for r in self.session.fetchall("still_leased", {"leases": check})
+                for r in self.session.fetchall("settle_check", {"leases": check})
+                if r[3] != "lost"
             }
         for task in tasks:
             lease = task.lease
