@@ -115,6 +115,28 @@ def test_heartbeat_flags_the_context_of_a_task_whose_lease_was_lost(pg):
     assert stats.get("lease_lost") == 1
 
 
+def test_heartbeat_takes_a_lease_settled_by_its_own_commit_for_settled_not_lost(pg):
+    # Given a claim an atomic attempt has just settled in its own transaction, whose
+    # outcome has not reached the settler yet (so the worker still holds it in flight)
+    task_id = tasks.noop.enqueue(1)
+    (mine,) = claim(pg, limit=1, worker_id="w-a")
+    from django_pgqueue.worker.execution import make_context
+
+    mine.context = make_context(mine, "default")
+    inflight, stats = InFlight(), WorkerStats()
+    inflight.add([mine])
+    assert settle(pg, [success(mine)]) == {task_id: "succeeded"}
+    heartbeat = Heartbeat("default", 10, 30, "w-a", inflight, stats, register=lambda: None)
+
+    # When the heartbeat cannot renew it
+    heartbeat.renew_leases()
+    heartbeat.session.close()
+
+    # Then it is not taken for a lost lease
+    assert not mine.context.lease_lost
+    assert stats.get("lease_lost") == 0
+
+
 def test_heartbeat_renews_a_lapsed_lease_nobody_recovered(pg):
     task_id = tasks.noop.enqueue(1)
     (mine,) = claim(pg, limit=1, worker_id="w-a")
