@@ -575,6 +575,35 @@ def drain(
     }
 
 
+# W2a-atomic: what a handler with one insert costs, run plain and with atomic=True. The
+# handlers keep their Django connection between tasks (CONN_MAX_AGE, as any deployment
+# whose tasks use the database should): otherwise both drains would measure connecting.
+ATOMIC_ENV = {"PGQUEUE_BENCH_CONN_MAX_AGE": "600"}
+
+
+def enqueue_inserts(total: int, how: str) -> None:
+    """``total`` tasks that each insert one row into bench_effect (emptied first):
+    ``how`` "plain" (autocommit), "transaction" (in the handler's own atomic block) or
+    "atomic" (atomic=True)."""
+    from benchmarks.tasks import insert_row, insert_row_in_transaction
+
+    with raw_connection() as conn:
+        conn.execute("CREATE TABLE IF NOT EXISTS bench_effect (id bigserial PRIMARY KEY, n int)")
+        conn.execute("TRUNCATE bench_effect")
+    call = {
+        "plain": insert_row,
+        "transaction": insert_row_in_transaction,
+        "atomic": insert_row.using(atomic=True),
+    }[how]
+    for start in range(0, total, 1000):
+        call.enqueue_many(range(start, min(total, start + 1000)))
+
+
+def inserted_rows() -> int:
+    with raw_connection() as conn:
+        return conn.execute("SELECT count(*) FROM bench_effect").fetchone()[0]
+
+
 def w8_claim_latency(terminal_rows: int, samples: int = 500) -> dict[str, Any]:
     """The claim statement alone (limit 10, as a worker runs it), timed on a worker
     connection, with ``terminal_rows`` finished rows in the table."""
@@ -1101,6 +1130,7 @@ def main(argv: list[str] | None = None) -> int:
         "W2a-async (with ASYNC_CLAIMS), W2a-limits (with limits that do not bind), "
         "W2a-keys (10,000 keys with a per-key rate or concurrency that does not bind, and "
         "the claim alone), "
+        "W2a-atomic (tasks that insert one row, plain against atomic=True), "
         "W2a-middleware (one no-op task middleware), W2a-otel (OpenTelemetry's SDK against "
         "no opentelemetry); W3-latency is W3's idle latency without its idle workers "
         "of other queues; W9 is "
@@ -1337,6 +1367,32 @@ def main(argv: list[str] | None = None) -> int:
             f"W2a drain {n:,}, 1 process, ASYNC_CLAIMS (opt-in)",
             "tasks/s",
             ratio_to="w2a",
+        ),
+        "w2a_insert": Row(
+            "w2a_insert",
+            f"W2a drain {n:,} tasks inserting one row each, 1 process",
+            "tasks/s",
+            ratio_to="w2a",
+        ),
+        "w2a_insert_txn": Row(
+            "w2a_insert_txn",
+            f"W2a drain {n:,} tasks inserting one row each in their own atomic(), 1 process",
+            "tasks/s",
+            ratio_to="w2a_insert",
+        ),
+        "w2a_atomic": Row(
+            "w2a_atomic",
+            f"W2a drain {n:,} tasks inserting one row each, 1 process, atomic=True",
+            "tasks/s",
+            ratio_to="w2a_insert",
+        ),
+        # The target, as one ratio per run (the two drains back to back).
+        "w2a_atomic_ratio": Row(
+            "w2a_atomic_ratio",
+            "W2a-atomic rate / plain insert rate, same run",
+            "x",
+            target=">= 0.9",
+            check=lambda v, r: v >= 0.9,
         ),
         "w2a_middleware": Row(
             "w2a_middleware",
@@ -1649,6 +1705,16 @@ def main(argv: list[str] | None = None) -> int:
         if "W2A-ASYNC" in only:
             d = drain(n, 1, async_claims=True)
             record("w2a_async", d["rate"], d)
+        if "W2A-ATOMIC" in only:
+            rates = {}
+            for how, key in (("plain", "w2a_insert"), ("transaction", "w2a_insert_txn"),
+                             ("atomic", "w2a_atomic")):  # fmt: skip
+                d = drain(n, 1, enqueue=lambda how=how: enqueue_inserts(n, how), env=ATOMIC_ENV)
+                d["rows"] = inserted_rows()
+                assert d["rows"] == n, f"W2a-atomic ({how}): {d['rows']} rows for {n} tasks"
+                rates[how] = d["rate"]
+                record(key, d["rate"], d)
+            record("w2a_atomic_ratio", rates["atomic"] / rates["plain"], {})
         if "W2A-MIDDLEWARE" in only:
             d = drain(n, 1, env={"PGQUEUE_BENCH_MIDDLEWARE": "1"})
             record("w2a_middleware", d["rate"], d)

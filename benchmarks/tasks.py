@@ -1,9 +1,10 @@
 """The benchmark's tasks: a no-op taking one int, probes that report when they ran,
-a chord's callback (W9), and a handler that touches the database (connections)."""
+a chord's callback (W9), and handlers that touch the database (connections, and
+W2a-atomic's one insert per task)."""
 
 import time
 
-from django.db import connection
+from django.db import connection, transaction
 
 from django_pgqueue import TaskContext, task
 
@@ -45,3 +46,19 @@ def query_then_sleep(seconds: float, release: bool = False) -> None:
     if release:
         connection.close()
     time.sleep(seconds)
+
+
+@task
+def insert_row(n: int) -> None:
+    """Inserts one row into bench_effect, on the slot thread's Django connection
+    (W2a-atomic: enqueued as is, and with using(atomic=True))."""
+    with connection.cursor() as cursor:
+        cursor.execute("INSERT INTO bench_effect (n) VALUES (%s)", [n])
+
+
+@task
+def insert_row_in_transaction(n: int) -> None:
+    """insert_row inside the handler's own transaction.atomic() (W2a-atomic's yardstick:
+    what a transaction costs, without the settle in it)."""
+    with transaction.atomic():
+        insert_row.func(n)

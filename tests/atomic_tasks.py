@@ -141,3 +141,14 @@ def atomic_checkpoint(context: TaskContext, fail: bool) -> None:
     if fail:
         raise RuntimeError("fails after saving a checkpoint")
 
+
+
+@task(takes_context=True, atomic=True)
+def atomic_waits_for_child(context: TaskContext, n: int) -> str:
+    """Enqueues a child and waits for it (Suspend), then, woken, reads its result."""
+    if context.wake is None:
+        effect(context, f"before waiting {n}")
+        child = atomic_child.enqueue(n)
+        context.wait_for(child)
+    (parent,) = context.parent_results().values()
+    return f"child {parent['state']}"

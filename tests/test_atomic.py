@@ -30,6 +30,7 @@ from tests.atomic_tasks import (
     atomic_overrun,
     atomic_parent,
     atomic_reads_elsewhere,
+    atomic_waits_for_child,
     idempotency_key,
     plain_effect,
 )
@@ -438,3 +439,50 @@ def test_a_worker_commits_atomic_successes_and_rolls_back_failures(start_worker,
     assert {t.state for t in Task.objects.filter(pk__in=good)} == {"succeeded"}
     assert {t.state for t in Task.objects.filter(pk__in=bad)} == {"failed"}
     assert sorted(Effect.objects.values_list("task_id", flat=True)) == good
+
+
+@BOTH
+def test_an_atomic_suspension_commits_with_the_child_it_waits_for(mode):
+    task_id = atomic_waits_for_child.enqueue(1)
+
+    result = run_tasks()
+
+    assert [run.outcome for run in result.runs] == ["suspended", "success", "success"]
+    assert Task.objects.get(pk=task_id).result == "child succeeded"
+    assert effects(task_id) == ["before waiting 1"]
+    assert Effect.objects.filter(label="child 1").count() == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_settle_atomic_writes_a_success_as_settle_does(pg):
+    from tests.sqlhelpers import claim, settle, success
+
+    # Given two claimed tasks
+    plain_id, atomic_id = plain_effect.enqueue_many([(1,), (2,)])
+    claimed = {t.id: t for t in claim(pg, limit=2)}
+
+    # When one succeeds through settle (the settler), the other through settle_atomic
+    assert settle(pg, [success(claimed[plain_id], result={"n": 1})]) == {
+        plain_id: "succeeded"
+    }
+    mine = claimed[atomic_id]
+    written = pg.execute(QUERIES["settle_atomic"], {
+        "id": mine.id, "attempt": mine.attempt, "token": mine.lease_token,
+        "any_expiry": False, "result": '{"n": 1}', "save_checkpoint": False,
+        "checkpoint": None, "save_progress": False, "progress": None,
+        "limit_queue": None, "limit_concurrency": None,
+    }).fetchall()  # fmt: skip
+
+    # Then both rows read the same, but for their ids, tokens and times
+    assert len(written) == 1
+    rows = {}
+    for row in Task.objects.filter(pk__in=[plain_id, atomic_id]):
+        fields = {f.attname: getattr(row, f.attname) for f in Task._meta.concrete_fields}
+        for own in ("id", "args", "enqueued_at", "run_at", "started_at", "last_attempted_at",
+                    "finished_at"):  # fmt: skip
+            assert fields.pop(own) is not None
+        (entry,) = fields.pop("executions")
+        for own in ("started", "ended", "token", "worker"):
+            assert entry.pop(own) is not None
+        rows[row.id] = (fields, entry)
+    assert rows[plain_id] == rows[atomic_id]

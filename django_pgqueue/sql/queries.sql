@@ -1358,8 +1358,9 @@ SELECT id, held_attempt AS attempt, held_token::text AS token, state,
 
 
 -- name: hold_lease
--- An atomic task's commit (worker/atomic.py), in its handler's own transaction, just
--- before its settle: lock the task's row if this attempt still holds its lease, on
+-- An atomic task's commit of a Continue or a Suspend (worker/atomic.py; a success has
+-- settle_atomic), in its handler's own transaction, just before its settle: lock the
+-- task's row if this attempt still holds its lease, on
 -- (id, attempt, lease_token, state = 'running') and, unless %(any_expiry)s, a lease
 -- that has not lapsed at this instant (clock_timestamp(): the transaction's now() is
 -- the handler's start). No row: the lease is lost, and the caller rolls the whole
@@ -1379,6 +1380,55 @@ SELECT id
    AND state = 'running'
    AND (%(any_expiry)s OR lease_expires_at > clock_timestamp())
    FOR NO KEY UPDATE;
+
+
+-- name: settle_atomic
+-- An atomic task's success (worker/atomic.py), as the last statement of its handler's
+-- transaction: hold_lease and settle in one, for the outcome nearly every attempt
+-- has. Fenced as hold_lease is (token, state, and, unless %(any_expiry)s, a lease not
+-- lapsed at this instant): an UPDATE waits for a lock another transaction holds on the
+-- row (a renewal, a sweep, a cancel), then checks the row again as that one left it, so
+-- a lease recovered first matches nothing, and the caller rolls everything back. By
+-- primary key. It writes the columns settle writes for a success (keep the two in step:
+-- tests/test_atomic.py compares them), with the checkpoint and progress the handler
+-- held back (%(save_checkpoint)s, %(save_progress)s). Times are statement_timestamp()
+-- (the transaction's now() is the handler's start). Wakes parked workers as settle
+-- does: for a row with a concurrency_key, or in %(limit_queue)s when it was at its
+-- concurrency limit %(limit_concurrency)s (running rows, counted as the statement
+-- began).
+WITH settled AS (
+    UPDATE pgqueue_task AS t
+       SET state = 'succeeded',
+           result = %(result)s::jsonb,
+           executions = CASE WHEN jsonb_array_length(t.executions) >= 100
+                             THEN t.executions - 0 ELSE t.executions END
+                        || jsonb_build_array(jsonb_build_object(
+                               'attempt', t.attempt, 'token', t.lease_token,
+                               'worker', t.worker_id, 'started', t.last_attempted_at,
+                               'ended', statement_timestamp(), 'outcome', 'success',
+                               'state', 'succeeded', 'source', 'settle')),
+           finished_at = statement_timestamp(),
+           wait_reason = NULL,
+           wait_signal = NULL,
+           wait_until = NULL,
+           wake = NULL,
+           checkpoint = CASE WHEN %(save_checkpoint)s THEN %(checkpoint)s::jsonb
+                             ELSE t.checkpoint END,
+           progress = CASE WHEN %(save_progress)s THEN %(progress)s::jsonb ELSE t.progress END,
+           lease_token = NULL,
+           lease_expires_at = NULL
+     WHERE t.id = %(id)s AND t.attempt = %(attempt)s AND t.lease_token = %(token)s::uuid
+       AND t.state = 'running'
+       AND (%(any_expiry)s OR t.lease_expires_at > clock_timestamp())
+    RETURNING t.queue, t.concurrency_key
+)
+SELECT CASE WHEN concurrency_key IS NOT NULL
+                 OR (%(limit_queue)s::text IS NOT NULL AND queue = %(limit_queue)s::text
+                     AND (SELECT count(*) FROM pgqueue_task AS r
+                           WHERE r.state = 'running' AND r.queue = %(limit_queue)s::text)
+                         >= %(limit_concurrency)s::int)
+            THEN pg_notify('pgqueue_' || (hashtext(queue) & 63), queue)::text END AS notified
+  FROM settled;
 
 
 -- name: settle_check

@@ -29,7 +29,6 @@ executions entry it wrote (``settle_check``: written) if it did.
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import re
 import time
@@ -38,10 +37,11 @@ from typing import Any
 
 from django.db import DataError, connections, transaction
 
-from django_pgqueue.conf import get_setting
+from django_pgqueue.conf import configured
 from django_pgqueue.enqueue_cursor import enqueue_cursor
 from django_pgqueue.exceptions import AtomicWriteRefused
 from django_pgqueue.limits import parse_limits
+from django_pgqueue.payload import dumps
 from django_pgqueue.registry import TaskDefinition
 from django_pgqueue.retry import ATOMIC_KEY
 from django_pgqueue.sql import QUERIES
@@ -54,6 +54,7 @@ logger = logging.getLogger("django_pgqueue.worker")
 
 # The endings whose outcome commits with the handler's writes.
 KEEPS_WRITES = frozenset({SUCCESS, CONTINUED, SUSPENDED})
+SUCCEEDED = "succeeded"
 
 # A statement that writes, by its first word: refused through another alias.
 _WRITE = re.compile(r"\s*(INSERT|UPDATE|DELETE|MERGE|TRUNCATE|COPY)\b", re.IGNORECASE)
@@ -140,19 +141,41 @@ def run(
 
 
 def _commit(connection: Any, outcome: Outcome, any_expiry: bool) -> str | None:
-    """In the attempt's transaction: lock the row while the lease holds, write what the
-    handler held back, then settle. The settled state, or None if the lease is lost."""
+    """In the attempt's transaction: write the outcome while the lease holds, with the
+    checkpoint and progress the handler held back. The settled state, or None if the
+    lease is lost. A success is one statement (settle_atomic); a Continue or a Suspend
+    locks the row (hold_lease), then writes as the settler does (settle)."""
     task = outcome.task
-    lease = {"id": task.id, "attempt": task.attempt, "token": task.lease_token}
+    lease = {"id": task.id, "attempt": task.attempt, "token": task.lease_token,
+             "any_expiry": any_expiry}  # fmt: skip
+    held = task.context._held if task.context is not None else None
+    limit = _concurrency_limit(task.queue)
     with enqueue_cursor(connection) as cursor:
-        cursor.execute(QUERIES["hold_lease"], {**lease, "any_expiry": any_expiry})
-        if cursor.fetchone() is None:
-            return None
-        if task.context is not None:
-            task.context._write_held(cursor)
-        params = {"outcomes": json.dumps([outcome.as_row()]), **_limit_params(task.queue)}
         try:
-            cursor.execute(QUERIES["settle"], params)
+            if outcome.label == SUCCESS:
+                checkpoint = (held or {}).get("save_checkpoint")
+                progress = (held or {}).get("save_progress")
+                cursor.execute(QUERIES["settle_atomic"], {
+                    **lease,
+                    "result": None if outcome.result is None else dumps(outcome.result),
+                    "save_checkpoint": checkpoint is not None,
+                    "checkpoint": checkpoint and checkpoint["checkpoint"],
+                    "save_progress": progress is not None,
+                    "progress": progress and progress["progress"],
+                    "limit_queue": limit and task.queue,
+                    "limit_concurrency": limit,
+                })  # fmt: skip
+                return SUCCEEDED if cursor.fetchone() is not None else None
+            cursor.execute(QUERIES["hold_lease"], lease)
+            if cursor.fetchone() is None:
+                return None
+            if task.context is not None:
+                task.context._write_held(cursor)
+            cursor.execute(QUERIES["settle"], {
+                "outcomes": dumps([outcome.as_row()]),
+                "limit_queues": [task.queue] if limit else [],
+                "limit_concurrency": [limit] if limit else [],
+            })  # fmt: skip
         except DataError as exc:
             raise _RollBack(outcomes.unrunnable(
                 task,
@@ -165,14 +188,13 @@ def _commit(connection: Any, outcome: Outcome, any_expiry: bool) -> str | None:
     return None if row is None else row[3]
 
 
-def _limit_params(queue: str) -> dict[str, list[Any]]:
-    """settle's concurrency limit of ``queue`` (its settlement wakes parked workers
-    when the queue was at its limit), from QUEUE_LIMITS as the settler has it."""
-    limits = get_setting("QUEUE_LIMITS") or {}
-    limit = parse_limits({queue: limits[queue]})[queue] if queue in limits else None
-    if limit is None or not limit.concurrency:
-        return {"limit_queues": [], "limit_concurrency": []}
-    return {"limit_queues": [queue], "limit_concurrency": [limit.concurrency]}
+def _concurrency_limit(queue: str) -> int | None:
+    """The concurrency limit of ``queue`` (QUEUE_LIMITS), if it has one: a settlement
+    in a queue at its limit wakes the workers parked for room, as the settler's does."""
+    limits = configured().get("QUEUE_LIMITS") or {}
+    if queue not in limits:
+        return None
+    return parse_limits({queue: limits[queue]})[queue].concurrency
 
 
 def _fenced(task: ClaimedTask, outcome: Outcome) -> Outcome:
