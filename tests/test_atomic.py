@@ -486,3 +486,32 @@ def test_settle_atomic_writes_a_success_as_settle_does(pg):
             assert entry.pop(own) is not None
         rows[row.id] = (fields, entry)
     assert rows[plain_id] == rows[atomic_id]
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize(("limit", "notified"), [(None, False), (2, False), (1, True)])
+def test_settle_atomic_wakes_workers_when_its_queue_was_at_its_limit(pg, limit, notified):
+    from tests.sqlhelpers import claim
+
+    # Given a claimed task (one running row in its queue)
+    plain_effect.enqueue(1)
+    (mine,) = claim(pg, limit=1)
+    pg.execute(f"LISTEN pgqueue_{_channel('default')}")
+
+    # When its atomic success is written, the queue's limit being ``limit``
+    (row,) = pg.execute(QUERIES["settle_atomic"], {
+        "id": mine.id, "attempt": mine.attempt, "token": mine.lease_token,
+        "any_expiry": False, "result": None, "save_checkpoint": False, "checkpoint": None,
+        "save_progress": False, "progress": None,
+        "limit_queue": None if limit is None else "default", "limit_concurrency": limit,
+    }).fetchall()  # fmt: skip
+
+    # Then it notifies only when the queue was at its limit
+    assert (row[0] is not None) == notified
+    assert bool(list(pg.notifies(timeout=0.2, stop_after=1))) == notified
+
+
+def _channel(queue: str) -> int:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT hashtext(%s) & 63", [queue])
+        return cursor.fetchone()[0]
