@@ -90,7 +90,10 @@ class TaskContext:
         runs. A UUID made from the task's id and the instant it was enqueued (the
         database's clock), so a table that starts its ids again (a new database) does
         not reuse the keys of the old one."""
-        enqueued = (self.enqueued_at - _EPOCH) // timedelta(microseconds=1)
+        moment = self.enqueued_at
+        if moment.tzinfo is None:  # USE_TZ = False: Django hands naive UTC-less times
+            moment = moment.replace(tzinfo=UTC)
+        enqueued = (moment - _EPOCH) // timedelta(microseconds=1)
         return str(uuid.uuid5(_IDEMPOTENCY_NAMESPACE, f"{self.task_id}:{enqueued}"))
 
     @property

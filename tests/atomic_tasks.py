@@ -152,3 +152,10 @@ def atomic_waits_for_child(context: TaskContext, n: int) -> str:
         context.wait_for(child)
     (parent,) = context.parent_results().values()
     return f"child {parent['state']}"
+
+
+@task(takes_context=True, atomic=True)
+def atomic_enqueues_into(context: TaskContext, queue: str) -> None:
+    """Writes an Effect, then enqueues a child into ``queue``."""
+    effect(context, "before the enqueue")
+    atomic_child.using(queue=queue).enqueue(1)

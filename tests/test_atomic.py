@@ -27,6 +27,7 @@ from tests.atomic_tasks import (
     atomic_child,
     atomic_effect,
     atomic_elsewhere,
+    atomic_enqueues_into,
     atomic_overrun,
     atomic_parent,
     atomic_reads_elsewhere,
@@ -296,6 +297,22 @@ def test_an_atomic_handler_that_writes_through_another_alias_is_refused_and_writ
     assert error["type"] == "django_pgqueue.exceptions.AtomicWriteRefused"
     assert "writes through 'queue2'" in error["message"]
     assert not Effect.objects.using("queue2").exists()
+
+
+@pytest.mark.django_db(transaction=True, databases=["default", "queue2"])
+def test_an_atomic_handler_cannot_enqueue_into_a_queue_on_another_database(settings):
+    from tests.settings import TEST_DATABASES
+
+    settings.PGQUEUE = {**settings.PGQUEUE, "DATABASES": TEST_DATABASES}
+    task_id = atomic_enqueues_into.using(max_attempts=1).enqueue("q2")
+
+    result = run_tasks(queues=["default"])
+
+    assert result.counts == {"failure": 1}
+    error = Task.objects.get(pk=task_id).errors[-1]
+    assert error["type"] == "django_pgqueue.exceptions.TransactionDatabaseError"
+    assert not Task.objects.using("queue2").exists()
+    assert effects(task_id) == []
 
 
 @pytest.mark.django_db(transaction=True, databases=["default", "queue2"])

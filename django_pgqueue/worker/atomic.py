@@ -210,10 +210,11 @@ def _fenced(task: ClaimedTask, outcome: Outcome) -> Outcome:
 
 
 def _in_doubt(task: ClaimedTask, exc: BaseException) -> Outcome:
-    """The commit raised (a lost connection, a refused statement): a failure for the
-    settler, which recognises a commit that did happen (module docstring)."""
+    """The transaction raised outside the handler (a lost connection, a refused
+    statement, a failed commit): a failure for the settler, which recognises a commit
+    that did happen (module docstring)."""
     logger.warning(
-        "%s: its atomic transaction failed to commit, or its commit's answer was lost "
+        "%s: its atomic transaction did not commit, or its commit's answer was lost "
         "(%s: %s); the settler writes a failure unless the commit happened",
         task.log_prefix(),
         type(exc).__name__,
