@@ -2,12 +2,13 @@
 
 With ``atomic=True`` (docs/guarantees.md, "Exactly-once effects in the task's
 database") the handler runs inside ``transaction.atomic()`` on the task's database (the
-alias of its queue), and the attempt's outcome is written by the last statements of
-that same transaction: ``hold_lease`` locks the task's row if this attempt still holds
-its lease, then ``settle`` (the settler's own statement) writes the outcome, then the
-transaction commits. When ``hold_lease`` finds no row, the lease is lost (it lapsed,
-the sweep recovered it, another worker runs the task): the transaction rolls back, and
-the handler's writes vanish with it.
+alias of its queue), and the attempt's outcome is written by the last statement of
+that same transaction, fenced on the lease (its token, and a lease not lapsed): a
+success by ``settle_atomic``; a ``Continue`` or a ``Suspend`` by ``settle`` (the
+settler's own statement), once ``hold_lease`` has locked the row. Then the transaction
+commits. When the fence matches no row, the lease is lost (it lapsed, the sweep
+recovered it, another worker runs the task): the transaction rolls back, and the
+handler's writes vanish with it.
 
 The outcomes that commit with the handler's writes are those that keep its work: a
 success, ``Continue`` (the slice's work, with its checkpoint) and ``Suspend`` (what it
@@ -15,8 +16,8 @@ did before it waits, such as the task it waits for). Every other ending (an exce
 ``Retry``, ``Snooze``, ``Cancelled``, a timeout, a result that cannot be stored) rolls
 the transaction back first; the settler then writes the outcome, as for any task.
 
-The task's row is not locked while the handler runs, only from ``hold_lease`` to the
-commit (docs/design.md, "Atomic tasks"). A checkpoint or progress the handler saves is
+The task's row is not locked while the handler runs, only from that last statement to
+the commit (docs/design.md, "Atomic tasks"). A checkpoint or progress the handler saves is
 held on its context until then (context.py): written at once, it would lock the row for
 the rest of the handler, and the heartbeat could not renew the lease.
 
