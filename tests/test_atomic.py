@@ -165,6 +165,21 @@ def test_a_dependent_of_an_atomic_task_is_released_by_its_commit(mode):
 
 
 @BOTH
+def test_a_chords_callback_runs_once_its_atomic_members_committed(mode):
+    from django_pgqueue.workflows import chord
+
+    members, callback = chord([atomic_effect.step(1), atomic_effect.step(2)],
+                              atomic_effect.step(3))
+
+    result = run_tasks()
+
+    assert result.ids[-1] == callback
+    assert sorted(result.ids[:2]) == sorted(members)
+    assert {t.state for t in result.tasks()} == {"succeeded"}
+    assert sorted(Effect.objects.values_list("label", flat=True)) == ["n=1", "n=2", "n=3"]
+
+
+@BOTH
 def test_a_unique_key_an_atomic_handler_took_is_free_again_after_its_rollback(mode):
     # Given a task enqueued with a unique key by an atomic handler that then failed
     atomic_parent.using(max_attempts=1).enqueue(1, fail=True, unique_key="child-1")

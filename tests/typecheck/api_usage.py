@@ -37,9 +37,9 @@ def send_email(to: str, subject: str = "", *, urgent: bool = False) -> str:
     return to
 
 
-@task(takes_context=True)
+@task(takes_context=True, atomic=True)
 def export(context: TaskContext, report_id: int) -> dict[str, int]:
-    return {"report": report_id}
+    return {"report": report_id, "key": len(context.idempotency_key)}
 
 
 @task
@@ -105,6 +105,7 @@ def correct_using() -> None:
         commit_alias="default",
         after=[first],
         after_failure="run",
+        atomic=True,
     )
     same: TaskDefinition[[int], None] = later
     assert_type(later.enqueue(2), int)
