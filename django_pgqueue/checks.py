@@ -101,6 +101,22 @@ def check_settings(app_configs, **kwargs):
                 id="django_pgqueue.W002",
             )
         )
+    per_child = [
+        name
+        for name in ("MAX_TASKS_PER_CHILD", "MAX_MEMORY_PER_CHILD")
+        if getattr(conf, name) is not None and name not in invalid
+    ]
+    if per_child and conf.EXECUTION != "process" and "EXECUTION" not in invalid:
+        messages.append(
+            Warning(
+                f"{' and '.join(per_child)} recycle the handler processes of EXECUTION = "
+                f"'process', and EXECUTION is {conf.EXECUTION!r}: runtaskworker refuses to "
+                "start without --execution process",
+                hint="A worker that runs its handlers in threads recycles itself with "
+                f"MAX_TASKS and MAX_MEMORY; see {DOCS_URL}/worker.md.",
+                id="django_pgqueue.W004",
+            )
+        )
     return messages
 
 

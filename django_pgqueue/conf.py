@@ -320,6 +320,24 @@ SETTINGS: tuple[Setting, ...] = (
         minimum=0,
     ),
     Setting(
+        "MAX_TASKS", None, int,
+        "A worker process that has run this many tasks stops claiming, finishes the "
+        "tasks it holds and exits with status 0, for its process manager to start it "
+        "again (with PROCESSES > 1 the supervisor replaces it). None: never.",
+        flag="--max-tasks", help="exit with status 0 after running this many tasks",
+        option="max_tasks",
+        minimum=1, nullable=True,
+    ),
+    Setting(
+        "MAX_MEMORY", None, int,
+        "The same, once the worker process's resident memory is above this many KiB "
+        "(checked every second). None: never.",
+        flag="--max-memory",
+        help="exit with status 0 once resident memory is above this many KiB",
+        option="max_memory",
+        minimum=1, nullable=True,
+    ),
+    Setting(
         "EXECUTION", "thread", str,
         '"thread": handlers run in the slot threads; "process": each slot owns a child '
         "process that runs its handlers and is killed on timeout and hard cancel.",
@@ -335,6 +353,25 @@ SETTINGS: tuple[Setting, ...] = (
         "was told to, before it is SIGKILLed.",
         option="kill_grace",
         minimum=0,
+    ),
+    Setting(
+        "MAX_TASKS_PER_CHILD", None, int,
+        'With EXECUTION = "process": a handler process that has run this many tasks '
+        "exits after the last one's outcome, and its slot starts a new one. None: never.",
+        flag="--max-tasks-per-child",
+        help="with --execution process: a new handler process after this many tasks",
+        option="max_tasks_per_child",
+        minimum=1, nullable=True,
+    ),
+    Setting(
+        "MAX_MEMORY_PER_CHILD", None, int,
+        'With EXECUTION = "process": a handler process whose resident memory is above '
+        "this many KiB after a task exits, and its slot starts a new one. None: never.",
+        flag="--max-memory-per-child",
+        help="with --execution process: a new handler process once one's resident "
+        "memory is above this many KiB after a task",
+        option="max_memory_per_child",
+        minimum=1, nullable=True,
     ),
     Setting(
         "PREPARED_STATEMENTS", True, bool,

@@ -110,6 +110,7 @@ if "PGQUEUE_TEST_DEAD_CONNECTION_TIMEOUT" in os.environ:
     PGQUEUE["DEAD_CONNECTION_TIMEOUT"] = float(os.environ["PGQUEUE_TEST_DEAD_CONNECTION_TIMEOUT"])
 # tests/test_sizes.py: its tasks, and the claim batch bound of the workers it starts.
 PGQUEUE["TASK_MODULES"].append("tests.size_tasks")
+PGQUEUE["TASK_MODULES"].append("tests.recycle_tasks")
 PGQUEUE["TASK_MODULES"].append("tests.unique_tasks")
 # tests/test_setup_mistakes.py: a module that does not exist (a typo), in the processes
 # it starts.

@@ -203,6 +203,10 @@ class Claimer:
         self.listener.wake()
 
     def stop(self) -> None:
+        """Stop claiming and close the connections; once (a recycling worker stops its
+        claimer before its shutdown does)."""
+        if self._stop.is_set():
+            return
         self._stop.set()
         self.listener.wake()
         self._thread.join(10)

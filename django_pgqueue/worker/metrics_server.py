@@ -98,6 +98,12 @@ class WorkerMetrics:
             "handed to them: a segfault, os._exit, the OOM killer",
             registry=registry,
         )
+        self.handler_processes_recycled = Counter(
+            "pgqueue_handler_processes_recycled_total",
+            "Handler processes (--execution process) that exited after a task past "
+            "MAX_TASKS_PER_CHILD or MAX_MEMORY_PER_CHILD, each replaced by a new one",
+            registry=registry,
+        )
         self.expired = Counter(
             "pgqueue_tasks_expired_total",
             "Tasks this process's claims and stager ended cancelled because they expired "
@@ -141,6 +147,7 @@ class WorkerMetrics:
             "claims_cut": self.claims_cut,
             "handler_processes_killed": self.handler_processes_killed,
             "handler_processes_died": self.handler_processes_died,
+            "handler_processes_recycled": self.handler_processes_recycled,
             "pruned": self.pruned,
             "expired": self.expired,
         }

@@ -20,6 +20,10 @@ Django set up, never the parent's script), and the slot thread only waits for it
   ``context.cancel_requested`` as in thread mode.
 * At shutdown, ``kill_running()`` kills the children of unfinished handlers and waits
   until they are gone; the worker then releases their tasks.
+* Recycling (``MAX_TASKS_PER_CHILD``, ``MAX_MEMORY_PER_CHILD``; recycle.py): a child
+  past its limit after a task sends that task's outcome marked ``recycle`` and exits
+  with status 0; the slot thread starts a new child. A task given to a child that is
+  still setting Django up waits for it, and its timeout counts from then.
 
 A child exits as soon as its task pipe reaches end of file: when the worker closes it
 (``stop()``), and when the worker dies, whatever its handler was doing. Signals meant
@@ -60,6 +64,7 @@ from django_pgqueue.worker.logging import (
     task_fields,
 )
 from django_pgqueue.worker.outcomes import Outcome
+from django_pgqueue.worker.recycle import Recycling
 from django_pgqueue.worker.spawn import start_child
 from django_pgqueue.worker.stats import WorkerStats
 
@@ -115,6 +120,8 @@ class _Child:
         self.lease: Lease | None = None
         self.verdict: str | None = None
         self.terminate_sent_at: float | None = None
+        # Why the child exits after the outcome it just sent (recycle.py); None: it stays.
+        self.recycle: str | None = None
 
     def send(self, message: dict[str, Any]) -> None:
         data = memoryview((json.dumps(message, separators=(",", ":")) + "\n").encode())
@@ -183,11 +190,22 @@ class _Child:
 class PreforkPool:
     """One child process per slot; ``execute`` is what a slot thread calls."""
 
-    def __init__(self, size: int, database: str, kill_grace: float, stats: WorkerStats) -> None:
+    def __init__(
+        self,
+        size: int,
+        database: str,
+        kill_grace: float,
+        stats: WorkerStats,
+        max_tasks: int | None = None,
+        max_memory: int | None = None,
+    ) -> None:
         self.size = size
         self.database = database
         self.kill_grace = kill_grace
         self._stats = stats
+        # Each child's recycling limits (MAX_TASKS_PER_CHILD, MAX_MEMORY_PER_CHILD).
+        self.max_tasks = max_tasks
+        self.max_memory = max_memory
         # None: a slot whose process could not be replaced; its next task tries again.
         self._idle: queue.SimpleQueue[_Child | None] = queue.SimpleQueue()
         self._busy: dict[Lease, _Child] = {}
@@ -294,6 +312,8 @@ class PreforkPool:
             )
         outcome: Outcome | None = None
         try:
+            if not child.ready:
+                self._await_ready(child, task)
             child.send({"task": _task_message(task)})
             outcome = self._wait(child, task)
         except (_ChildGone, OSError):
@@ -303,7 +323,10 @@ class PreforkPool:
             child.lease = None
             verdict = child.verdict
         if verdict is None and outcome is not None:
-            self._idle.put(child)
+            if child.recycle is None:
+                self._idle.put(child)
+            else:
+                self._recycled(child)
             return outcome
         if verdict is not None:
             child.order_terminate()
@@ -340,6 +363,33 @@ class PreforkPool:
             self._park()
         return None
 
+    def _await_ready(self, child: _Child, task: ClaimedTask) -> None:
+        """Wait until a new child has set Django up (it replaced a recycled or killed
+        one), then restart the task's clock: the wait is the slot's, not the handler's."""
+        deadline = time.monotonic() + STARTUP_TIMEOUT
+        while not child.ready:
+            with self._lock:
+                if child.verdict is not None:  # a hard cancel meanwhile
+                    raise _ChildGone
+            if time.monotonic() >= deadline:
+                raise _ChildGone
+            child.receive(_TICK)
+        task.mark_started()
+
+    def _recycled(self, child: _Child) -> None:
+        """The child exits after the outcome it sent: reap it, start its successor."""
+        logger.info(
+            "handler process %s is recycled: %s; starting a new one for its slot",
+            child.pid,
+            child.recycle,
+        )
+        self._stats.incr("handler_processes_recycled")
+        child.wait_exit(self.kill_grace)
+        with self._lock:
+            self._children.discard(child)
+        child.close()
+        self._replace()
+
     def _wait(self, child: _Child, task: ClaimedTask) -> Outcome | None:
         """The child's outcome, or None once the parent decided to kill it."""
         deadline = task.deadline_monotonic
@@ -352,6 +402,7 @@ class PreforkPool:
             if message is not None:
                 outcome = Outcome(task=task, **message["outcome"])
                 outcome.exc = _rebuilt(message.get("exc"), task)
+                child.recycle = message.get("recycle")
                 return outcome
             with self._lock:
                 if child.verdict is not None:
@@ -408,6 +459,8 @@ class PreforkPool:
                     "outcome_fd": outcome_write,
                     "log_level": self._log_level,
                     "log_format": configured_format(),
+                    "max_tasks": self.max_tasks,
+                    "max_memory": self.max_memory,
                 },
                 pass_fds=(task_read, outcome_write),
                 stdin=subprocess.DEVNULL,
@@ -492,7 +545,13 @@ class _ChildState:
 
 
 def run_child(
-    database: str, task_fd: int, outcome_fd: int, log_level: str | None, log_format: str = "text"
+    database: str,
+    task_fd: int,
+    outcome_fd: int,
+    log_level: str | None,
+    log_format: str = "text",
+    max_tasks: int | None = None,
+    max_memory: int | None = None,
 ) -> int:
     """A handler process of the prefork pool, started by ``spawn.start_child``."""
     multiprocessing.current_process().name = f"pgqueue-handler-{os.getpid()}"
@@ -509,29 +568,31 @@ def run_child(
         target=_read_parent, args=(task_fd, inbox, state), name="pgqueue-pipe", daemon=True
     ).start()
     out = open(outcome_fd, "wb")  # noqa: SIM115 - this process ends with os._exit
+    recycling = Recycling(max_tasks, max_memory)
+    recycle: str | None = None
     try:
         _write(out, {"ready": True})
-        while True:
+        while recycle is None:
             task = inbox.get()
             state.running = task
             outcome = execute(task, database, async_runner)
             state.running = None
             if state.terminating:
                 break
-            _write(
-                out,
-                {
-                    "outcome": {n: getattr(outcome, n) for n in _OUTCOME_FIELDS},
-                    "exc": remote_error.describe(outcome.exc),
-                },
-            )
+            recycling.count()
+            recycle = recycling.reason() if recycling else None
+            message = {
+                "outcome": {n: getattr(outcome, n) for n in _OUTCOME_FIELDS},
+                "exc": remote_error.describe(outcome.exc),
+            }
+            _write(out, {**message, "recycle": recycle} if recycle else message)
     except _Terminated:
         pass
     except BrokenPipeError:
         state.terminating = True  # the worker closed the pipe: it stopped, or died
     sys.stdout.flush()
     logging.shutdown()
-    os._exit(_EXIT_TERMINATED)
+    os._exit(0 if recycle is not None else _EXIT_TERMINATED)
 
 
 def _read_parent(task_fd: int, inbox: queue.SimpleQueue, state: _ChildState) -> None:

@@ -50,6 +50,7 @@ from django_pgqueue.worker.outcomes import (
 from django_pgqueue.worker.periodic import Fleet
 from django_pgqueue.worker.prefork import DEADLINE_MARGIN, PreforkPool
 from django_pgqueue.worker.pruner import Pruner
+from django_pgqueue.worker.recycle import Recycling
 from django_pgqueue.worker.scheduler import Scheduler
 from django_pgqueue.worker.settler import Settler
 from django_pgqueue.worker.slots import SlotPool
@@ -69,6 +70,8 @@ LEASE_MARGIN = 1.0
 # that expired before they could start or whose slot was written off.
 TASK_COUNTERS = (SUCCESS, FAILURE, TIMEOUT, LOST, CANCELLED, CONTINUED, SNOOZED, SUSPENDED,
                  RELEASED, "expired", "written_off")  # fmt: skip
+# How often a worker with MAX_TASKS or MAX_MEMORY checks them (seconds).
+RECYCLE_CHECK = 0.1
 
 
 # The settings the worker takes from its options (conf.SETTINGS rows with an ``option``).
@@ -142,10 +145,20 @@ class Worker:
         self.routes = [(d.name, d.version) for d in definitions]
         # EXECUTION = "process": each slot's handlers run in a child process (prefork.py).
         self.pool = (
-            PreforkPool(options.concurrency, self.alias, options.kill_grace, self.stats)
+            PreforkPool(
+                options.concurrency,
+                self.alias,
+                options.kill_grace,
+                self.stats,
+                max_tasks=options.max_tasks_per_child,
+                max_memory=options.max_memory_per_child,
+            )
             if options.execution == "process"
             else None
         )
+        # MAX_TASKS, MAX_MEMORY: this process makes way for a new one (recycle.py).
+        self.recycling = Recycling(options.max_tasks, options.max_memory)
+        self._recycling = False
         self._hard_cancel_warned = False
         self._async_runner = (
             AsyncRunner() if self.pool is None and any(d.is_async for d in definitions) else None
@@ -175,7 +188,7 @@ class Worker:
             options.concurrency,
             prefetch=options.prefetch,  # None: adaptive (slots.py)
             execute=self._execute,
-            on_outcome=self.settler.put,
+            on_outcome=self._on_outcome,
             stats=self.stats,
             # In process mode the pool kills an overrunning handler; the watchdog is a backstop.
             timeout_grace=options.timeout_grace
@@ -192,7 +205,7 @@ class Worker:
                 options.async_concurrency,
                 self._async_runner,
                 self.alias,
-                on_outcome=self.settler.put,
+                on_outcome=self._on_outcome,
                 changed=self.slots._free_changed,
                 stale=lambda task: (
                     self._expired_before_start(task)
@@ -331,6 +344,10 @@ class Worker:
             return self.pool.execute(task)
         return execute(task, self.alias, self._async_runner)
 
+    def _on_outcome(self, outcome: Outcome) -> None:
+        self.recycling.count()
+        self.settler.put(outcome)
+
     def _expired_before_start(self, task: ClaimedTask) -> Outcome:
         logger.warning(
             "%s: its lease expired before it could start (this process stalled for longer "
@@ -410,7 +427,11 @@ class Worker:
         try:
             if on_started is not None:
                 on_started()
-            while not self._stop_requested.wait(0.05 if self.options.burst else 1.0):
+            # Recycling reads the task count and the memory every RECYCLE_CHECK seconds.
+            tick = 0.05 if self.options.burst else RECYCLE_CHECK if self.recycling else 1.0
+            while not self._stop_requested.wait(tick):
+                if self.recycling and self._recycled():
+                    break
                 if self.options.burst and self._burst_done():
                     logger.info("--burst: no task is due and none is running; stopping")
                     break
@@ -433,6 +454,24 @@ class Worker:
         if self.scheduler is not None:
             parts.append(self.scheduler)
         return parts
+
+    def _recycled(self) -> bool:
+        """MAX_TASKS, MAX_MEMORY: once past a limit, stop claiming; True once every task
+        this process holds has run (written-off handlers aside), for an exit with status
+        0 that releases nothing: the process manager, or the supervisor, starts anew."""
+        if not self._recycling:
+            reason = self.recycling.reason()
+            if reason is None:
+                return False
+            self._recycling = True
+            self.claimer.stop()
+            logger.info(
+                "recycling: %s; claims stopped, finishing the %d task(s) this process "
+                "holds, then exiting with status 0 to be started anew",
+                reason,
+                len(self._unfinished()),
+            )
+        return not self._unfinished()
 
     def _burst_done(self) -> bool:
         if self.inflight:

@@ -16,6 +16,7 @@ from django.db import OperationalError
 from django_pgqueue.checks import unapplied_migrations, unapplied_problem
 from django_pgqueue.conf import (
     SETTINGS,
+    SETTINGS_BY_NAME,
     Setting,
     get_settings,
     migrate_command,
@@ -187,6 +188,18 @@ def _check(options: WorkerOptions, opts: dict[str, Any]) -> None:
         )
     if not options.queues:
         raise CommandError("no queues to work on: pass --queues or set PGQUEUE['QUEUES']")
+    if options.execution != "process":
+        for setting in (
+            SETTINGS_BY_NAME["MAX_TASKS_PER_CHILD"],
+            SETTINGS_BY_NAME["MAX_MEMORY_PER_CHILD"],
+        ):
+            if getattr(options, setting.option) is not None:
+                raise CommandError(
+                    f"{setting.flag} (PGQUEUE[{setting.name!r}]) recycles the handler "
+                    "processes of --execution process; "
+                    "a worker that runs its handlers in threads recycles itself with "
+                    "--max-tasks and --max-memory"
+                )
 
 
 def _check_ready(groups: list[WorkerOptions]) -> None:
