@@ -528,6 +528,13 @@ SETTINGS: tuple[Setting, ...] = (
         "Rows per delete statement and state.",
         minimum=1,
     ),
+    Setting(
+        "PRUNE_ARCHIVE_DIR", None, str,
+        "A directory where retention (the workers' pruners, and pgqueue_prune) writes "
+        "the rows it deletes, before it deletes them: gzip JSON Lines, one file per day "
+        "and database (docs/operations.md). None: rows are deleted without an archive.",
+        nullable=True,
+    ),
 )  # fmt: skip
 
 SETTINGS_BY_NAME: dict[str, Setting] = {s.name: s for s in SETTINGS}

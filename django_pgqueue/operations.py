@@ -19,8 +19,11 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any, Literal, TypedDict, cast
 
 import psycopg
+
 from django.db import IntegrityError, connections, transaction
 
+from django_pgqueue import retention
+from django_pgqueue.archive import Archive
 from django_pgqueue.conf import database_for, get_settings, read_database
 from django_pgqueue.exceptions import InvalidTaskError, PayloadTooLarge, TaskDoesNotExist
 from django_pgqueue.payload import (
@@ -425,18 +428,53 @@ def prune_expired(
     dead_ttl: float | None = None,
     batch: int | None = None,
     database: str | None = None,
+    archive_dir: str | None = None,
 ) -> int:
     """Run retention now, batch by batch (what the worker's pruner does on its
-    interval). Returns how many rows were deleted."""
-    from django_pgqueue.worker.pruner import prune
-
+    interval). Returns how many rows were deleted. With ``archive_dir`` (default:
+    PRUNE_ARCHIVE_DIR), each batch is written to the archive there first (archive.py),
+    and a batch whose write fails raises ArchiveError, deleting nothing of it."""
     conf = get_settings()
-    return prune(
-        lambda query, params: _fetchall(query, params, database),
-        conf.RESULT_TTL if result_ttl is None else result_ttl,
-        conf.DEAD_TTL if dead_ttl is None else dead_ttl,
-        conf.PRUNE_BATCH if batch is None else batch,
+    alias = _alias(database)
+    result_ttl = conf.RESULT_TTL if result_ttl is None else result_ttl
+    dead_ttl = conf.DEAD_TTL if dead_ttl is None else dead_ttl
+    batch = conf.PRUNE_BATCH if batch is None else batch
+    archive_dir = archive_dir or conf.PRUNE_ARCHIVE_DIR
+    if archive_dir is None:
+        return retention.prune(
+            lambda query, params: _fetchall(query, params, alias), result_ttl, dead_ttl, batch
+        )
+
+    def in_transaction(function: Callable[[retention.Cursor], Any]) -> Any:
+        with transaction.atomic(using=alias), connections[alias].cursor() as cursor:
+            return function(cursor)
+
+    return retention.prune_to_archive(
+        in_transaction, Archive(archive_dir, alias), result_ttl, dead_ttl, batch
     )
+
+
+def restore_archived(
+    rows: Iterable[dict[str, Any]], database: str | None = None
+) -> dict[int, Literal["restored", "present", "unique_key"]]:
+    """Bring archived tasks (rows of an archive file, ``archive.find``) back, each under
+    its own id, pending and due now with a fresh attempt budget (the statement
+    restore_archived). Per id: "restored"; "present" (a row with this id is in the
+    table: never pruned, or restored already; left alone); "unique_key" (a live task
+    holds its unique_key; nothing written). On ``database``, else on each row's
+    queue's database."""
+    outcomes: dict[int, Literal["restored", "present", "unique_key"]] = {}
+    for row in rows:
+        alias = database or database_for(row["queue"])
+        try:
+            with transaction.atomic(using=alias), connections[alias].cursor() as cursor:
+                cursor.execute(QUERIES["restore_archived"], {"row": json.dumps(row)})
+                outcomes[row["id"]] = "restored" if cursor.fetchall() else "present"
+        except IntegrityError as exc:
+            if "pgqueue_task_unique_live" not in str(exc):
+                raise
+            outcomes[row["id"]] = "unique_key"
+    return outcomes
 
 
 def delete_stale_workers(database: str | None = None) -> list[str]:

@@ -1,6 +1,7 @@
 """Retention: finished rows are pruned after their time to live, in small batches, and
 nothing live (or still leased) is ever pruned."""
 
+import threading
 import uuid
 from datetime import timedelta
 
@@ -135,3 +136,45 @@ def test_the_worker_pruner_applies_retention_on_its_interval():
         pruner.stop()
 
     assert remaining() == {kept.pk}
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_dead_letter_retried_while_a_prune_deletes_it_is_not_deleted(pg):
+    """The prune picks its rows without a lock; a dead letter retry_now makes pending
+    after the pick (its UPDATE holds the row when the prune's DELETE reaches it) is
+    left alone once that commits: the DELETE re-checks that the row is still expired."""
+    dead = finished("failed", 30)
+    pg.execute("BEGIN")
+    pg.execute(QUERIES["retry_now"], {"ids": [dead.pk]})
+    done = threading.Event()
+    deleted: list[int] = []
+
+    def prune_now() -> None:
+        try:
+            deleted.append(prune_expired(result_ttl=HOUR, dead_ttl=HOUR, batch=100))
+        finally:
+            connection.close()
+            done.set()
+
+    threading.Thread(target=prune_now).start()
+    wait_until(
+        lambda: lock_waits("WITH doomed AS"),
+        message="the prune to wait for the retried row's lock",
+    )
+    pg.execute("COMMIT")
+    done.wait(10)
+
+    assert deleted == [0]
+    assert Task.objects.get(pk=dead.pk).state == "pending"
+
+
+def lock_waits(statement_start: str) -> int:
+    """Statements starting so that wait for a lock now (read outside any transaction:
+    pg_stat_activity is a snapshot per transaction)."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+            "AND wait_event_type = 'Lock' AND starts_with(query, %s)",
+            [statement_start],
+        )
+        return cursor.fetchone()[0]

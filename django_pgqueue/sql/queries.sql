@@ -1843,14 +1843,98 @@ WITH doomed AS MATERIALIZED (
       ORDER BY state, finished_at LIMIT %(batch)s)
 ),
 pruned AS (
+    -- doomed read the rows without a lock: one changed since (a dead letter that
+    -- retry_now or requeue_dead made pending, and maybe failed again since) is deleted
+    -- only if it is still terminal and expired. The DELETE re-checks its WHERE on the
+    -- row's newest version once it has the row's lock.
     DELETE FROM pgqueue_task AS t
      WHERE t.id = ANY (ARRAY(SELECT id FROM doomed))
        AND t.lease_token IS NULL
+       AND t.state IN ('succeeded', 'failed', 'cancelled')
+       AND t.finished_at < now() - make_interval(
+               secs => CASE WHEN t.state = 'failed' THEN %(dead_ttl)s ELSE %(result_ttl)s END)
     RETURNING t.id, t.state
 ),
 parent_edges AS (
     -- An edge between two tasks of the batch matches both DELETEs: the second finds
     -- it deleted by this statement and skips it.
+    DELETE FROM pgqueue_dependency AS e
+     WHERE e.child_id = ANY (ARRAY(SELECT id FROM pruned))
+),
+child_edges AS (
+    DELETE FROM pgqueue_dependency AS e
+     WHERE e.parent_id = ANY (ARRAY(SELECT id FROM pruned))
+)
+SELECT state FROM pruned;
+
+
+-- name: prune_archive_batch
+-- Retention with an archive (PRUNE_ARCHIVE_DIR, pgqueue_prune --archive; archive.py),
+-- step 1 of 2, inside the caller's transaction: lock and read the rows prune would
+-- delete, whole (to_jsonb of the row), for the caller to write to the archive before
+-- it deletes them (prune_archived, same transaction). The same pick as prune, through
+-- pgqueue_task_retention. FOR UPDATE SKIP LOCKED: two pruners archive different rows,
+-- never one row twice at once; the lock also keeps retry_now, requeue_dead and the
+-- admin's delete off a row between its archive write and its delete. The WHERE
+-- re-checks, on the locked row, that it is still terminal and expired (see prune).
+-- Bounded in bytes too: rows are returned in id order while the stored size of those
+-- before them is at most %(max_bytes)s (always at least one), so one batch of large
+-- rows does not have to fit in memory; the rows left out stay locked until the
+-- transaction ends, and are not deleted. locked_rows says how many were locked.
+WITH doomed AS MATERIALIZED (
+    (SELECT id FROM pgqueue_task
+      WHERE state = 'succeeded'
+        AND finished_at < now() - make_interval(secs => %(result_ttl)s)
+      ORDER BY state, finished_at LIMIT %(batch)s)
+    UNION ALL
+    (SELECT id FROM pgqueue_task
+      WHERE state = 'cancelled'
+        AND finished_at < now() - make_interval(secs => %(result_ttl)s)
+      ORDER BY state, finished_at LIMIT %(batch)s)
+    UNION ALL
+    (SELECT id FROM pgqueue_task
+      WHERE state = 'failed'
+        AND finished_at < now() - make_interval(secs => %(dead_ttl)s)
+      ORDER BY state, finished_at LIMIT %(batch)s)
+),
+locked AS MATERIALIZED (
+    SELECT t.*
+      FROM pgqueue_task AS t
+     WHERE t.id = ANY (ARRAY(SELECT id FROM doomed))
+       AND t.lease_token IS NULL
+       AND t.state IN ('succeeded', 'failed', 'cancelled')
+       AND t.finished_at < now() - make_interval(
+               secs => CASE WHEN t.state = 'failed' THEN %(dead_ttl)s ELSE %(result_ttl)s END)
+       FOR UPDATE SKIP LOCKED
+),
+sized AS (
+    SELECT l.id,
+           to_char(l.finished_at AT TIME ZONE 'UTC', 'YYYY-MM-DD') AS day,
+           to_jsonb(l)::text AS body,
+           sum(pg_column_size(l.*)) OVER (ORDER BY l.id) - pg_column_size(l.*) AS before,
+           count(*) OVER () AS locked_rows
+      FROM locked AS l
+)
+SELECT id, day, body, locked_rows
+  FROM sized
+ WHERE before <= %(max_bytes)s
+ ORDER BY id;
+
+
+-- name: prune_archived
+-- Retention with an archive, step 2 of 2: delete the rows prune_archive_batch locked
+-- and the caller wrote to the archive, by id, and only those (a row left out of the
+-- archive write stays). They are locked by this transaction, so still terminal and
+-- without a lease; the conditions are kept as a guard. Their workflow edges go with
+-- them, as in prune. By primary key.
+WITH pruned AS (
+    DELETE FROM pgqueue_task AS t
+     WHERE t.id = ANY (%(ids)s::bigint[])
+       AND t.lease_token IS NULL
+       AND t.state IN ('succeeded', 'failed', 'cancelled')
+    RETURNING t.id, t.state
+),
+parent_edges AS (
     DELETE FROM pgqueue_dependency AS e
      WHERE e.child_id = ANY (ARRAY(SELECT id FROM pruned))
 ),
@@ -2195,6 +2279,37 @@ UNION ALL
 SELECT id, false, unique_key, live_id, newer_id, NULL
   FROM kept
  ORDER BY id;
+
+
+-- name: restore_archived
+-- pgqueue_requeue --from-archive: an archived task (a row as prune_archive_batch wrote
+-- it, %(row)s) back in the table under its own id, pending and due now with a fresh
+-- attempt budget, as requeue_dead does: its args, kwargs, metadata, checkpoint,
+-- errors and executions kept, its result and its waits cleared. Ids come from the
+-- table's identity and are never handed out twice, so a free id is this task's; ON
+-- CONFLICT (id) DO NOTHING: a row with this id is still there (it was never pruned,
+-- or was restored already) and nothing is written. A live task with the same
+-- unique_key makes the INSERT fail (pgqueue_task_unique_live): two live rows may not
+-- share a key. Columns the archive lacks take their defaults. Wakes the queue.
+WITH archived AS (
+    SELECT * FROM jsonb_populate_record(NULL::pgqueue_task, %(row)s::jsonb)
+),
+restored AS (
+    INSERT INTO pgqueue_task (id, queue, task_name, handler_version, priority, state,
+                              args, kwargs, run_at, enqueued_at, started_at,
+                              last_attempted_at, attempt, max_attempts, retry_policy,
+                              timeout, errors, unique_key, checkpoint, progress,
+                              metadata, executions, concurrency_key, signals)
+    SELECT a.id, a.queue, a.task_name, a.handler_version, a.priority, 'pending',
+           a.args, a.kwargs, now(), a.enqueued_at, a.started_at,
+           a.last_attempted_at, 0, a.max_attempts, a.retry_policy,
+           a.timeout, a.errors, a.unique_key, a.checkpoint, a.progress,
+           a.metadata, a.executions, a.concurrency_key, COALESCE(a.signals, '{}')
+      FROM archived AS a
+    ON CONFLICT (id) DO NOTHING
+    RETURNING id, queue
+)
+SELECT id, pg_notify('pgqueue_' || (hashtext(queue) & 63), queue)::text FROM restored;
 
 
 -- name: find_dead

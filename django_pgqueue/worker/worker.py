@@ -290,6 +290,7 @@ class Worker:
                 self.stats,
                 fleet=self.fleet,
                 session=self._maintenance_session,
+                archive_dir=conf.PRUNE_ARCHIVE_DIR,
             )
             if options.prune
             else None

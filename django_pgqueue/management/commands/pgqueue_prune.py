@@ -5,6 +5,7 @@ from __future__ import annotations
 from django.core.management.base import BaseCommand, CommandError
 
 from django_pgqueue import operations
+from django_pgqueue.archive import ArchiveError
 from django_pgqueue.conf import get_settings, queue_databases
 from django_pgqueue.management.commands._database import add_database_argument, database_option
 from django_pgqueue.retry import MAX_SECONDS
@@ -15,7 +16,8 @@ BATCH_MAX = 1_000_000
 class Command(BaseCommand):
     help = (
         "Delete succeeded and cancelled tasks older than RESULT_TTL and dead letters older "
-        "than DEAD_TTL, in batches (never a row under a lease)."
+        "than DEAD_TTL, in batches (never a row under a lease); with --archive, write "
+        "them to an archive first."
     )
 
     def add_arguments(self, parser):
@@ -34,6 +36,13 @@ class Command(BaseCommand):
             type=float,
             metavar="SECONDS",
             help=f"keep dead letters this long (default: {conf.DEAD_TTL:g})",
+        )
+        parser.add_argument(
+            "--archive",
+            metavar="DIR",
+            help="write the rows to gzip JSON Lines files in DIR (one per day and "
+            "database) before deleting them; a batch whose write fails is not deleted "
+            f"(default: PRUNE_ARCHIVE_DIR, {conf.PRUNE_ARCHIVE_DIR or 'none'})",
         )
         parser.add_argument(
             "--batch",
@@ -71,7 +80,15 @@ class Command(BaseCommand):
                 f"(result_ttl={result_ttl:g}s, dead_ttl={dead_ttl:g}s)"
             )
             return
-        deleted = operations.prune_expired(result_ttl, dead_ttl, batch, database=database)
+        archive = opts["archive"] or conf.PRUNE_ARCHIVE_DIR
+        try:
+            deleted = operations.prune_expired(
+                result_ttl, dead_ttl, batch, database=database, archive_dir=archive
+            )
+        except ArchiveError as exc:
+            raise CommandError(str(exc)) from None
+        archived = f", archived in {archive}" if archive else ""
         self.stdout.write(
-            f"deleted {deleted} task(s){where} (result_ttl={result_ttl:g}s, dead_ttl={dead_ttl:g}s)"
+            f"deleted {deleted} task(s){where}{archived} "
+            f"(result_ttl={result_ttl:g}s, dead_ttl={dead_ttl:g}s)"
         )

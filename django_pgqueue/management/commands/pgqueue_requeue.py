@@ -9,7 +9,7 @@ from django.core.management.base import BaseCommand, CommandError
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
-from django_pgqueue import operations
+from django_pgqueue import archive, operations
 from django_pgqueue.exceptions import InvalidTaskError
 from django_pgqueue.management.commands._database import add_database_argument, database_option
 from django_pgqueue.payload import check_text
@@ -57,11 +57,20 @@ class Command(BaseCommand):
         parser.add_argument(
             "--dry-run", action="store_true", help="list what would be requeued, change nothing"
         )
+        parser.add_argument(
+            "--from-archive",
+            metavar="FILE",
+            help="bring the tasks --id names back from an archive file of pgqueue_prune "
+            "--archive (PRUNE_ARCHIVE_DIR), under their own ids, pending and due now",
+        )
 
         add_database_argument(parser, "dead letters to requeue (default: --queue's database)")
 
     def handle(self, *args, **opts):
         database = database_option(opts["database"])
+        if opts["from_archive"]:
+            self._from_archive(opts["from_archive"], opts, database)
+            return
         filters = [opts["task_name"], opts["queue"], opts["since"], opts["ids"]]
         if not opts["all"] and not any(f is not None for f in filters):
             raise CommandError(
@@ -91,3 +100,39 @@ class Command(BaseCommand):
                 self.stdout.write(f"  task {task_id}: {why}")
             if len(ids.skipped) > 20:
                 self.stdout.write(f"  and {len(ids.skipped) - 20} more")
+
+
+    def _from_archive(self, path: str, opts, database: str | None) -> None:
+        """Archived tasks back in the table, each under its own id (restore_archived)."""
+        if not opts["ids"]:
+            raise CommandError("--from-archive needs the tasks to bring back: --id ID (repeatable)")
+        filters = {"--task": "task_name", "--queue": "queue", "--since": "since", "--all": "all"}
+        others = [flag for flag, key in filters.items() if opts[key]]
+        if others:
+            raise CommandError(f"--from-archive takes --id only, not {', '.join(others)}")
+        try:
+            found = archive.find(path, opts["ids"])
+        except (OSError, EOFError) as exc:
+            raise CommandError(f"could not read the archive {path}: {exc}") from None
+        missing = [task_id for task_id in opts["ids"] if task_id not in found]
+        for task_id in missing:
+            self.stdout.write(f"task {task_id}: not in {path}")
+        if opts["dry_run"]:
+            for task_id, row in found.items():
+                self.stdout.write(
+                    f"task {task_id}: would bring back {row['task_name']} ({row['state']} "
+                    f"at {row['finished_at']}) to queue {row['queue']}"
+                )
+            return
+        outcomes = operations.restore_archived(found.values(), database=database)
+        words = {
+            "restored": "brought back, pending",
+            "present": "not brought back: a task with this id is in the table (it was "
+            "never pruned, or was brought back already)",
+            "unique_key": "not brought back: a live task holds its unique_key",
+        }
+        for task_id, outcome in outcomes.items():
+            self.stdout.write(f"task {task_id}: {words[outcome]}")
+        failed = len(missing) + sum(1 for o in outcomes.values() if o != "restored")
+        if failed:
+            raise CommandError(f"{failed} of {len(set(opts['ids']))} task(s) not brought back")
