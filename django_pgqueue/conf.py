@@ -507,6 +507,21 @@ SETTINGS: tuple[Setting, ...] = (
         "estimate instead of counting every row; None always counts (docs/admin.md).",
         minimum=0, nullable=True,
     ),
+    # -- the doctor --------------------------------------------------------------------
+    Setting(
+        "DOCTOR_TRANSACTION_AGE", 60.0, float,
+        "Seconds a transaction, a prepared transaction or a query may hold back vacuum "
+        "before the queue doctor (pgqueue_doctor, the admin's health panel, the "
+        "pgqueue_doctor_findings gauge) reports it as a warning; ten times as long is a "
+        "problem.",
+        above=0,
+    ),
+    Setting(
+        "DOCTOR_METRICS_SECONDS", 60.0, float,
+        "The pgqueue_doctor_findings gauge, served beside the queue gauges, runs the "
+        "doctor at most once per this many seconds per process; None leaves it out.",
+        minimum=0, nullable=True,
+    ),
     # -- retention ---------------------------------------------------------------------
     Setting(
         "RESULT_TTL", 24 * 3600.0, float,

@@ -10,6 +10,9 @@
   across every worker, spread over the period rather than burst at its boundary.
 * ``key_rate``: the same, per concurrency key, for every keyed task of the queue that
   declares no ``key_rate`` of its own.
+* ``latency_objective``: seconds a task of the queue should wait at most from due to
+  start. Not a limit: nothing enforces it; the queue doctor (doctor.py) reports the
+  queue's waits against it.
 
 Per-key concurrency and rate are declared on the task (``@task(concurrency_key=...,
 key_concurrency=..., key_rate=...)``); see registry.py. The claim enforces all of
@@ -25,6 +28,7 @@ rate is the same algorithm, its state a row of ``pgqueue_key_rate`` per (queue, 
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -75,6 +79,8 @@ class QueueLimit:
     rate: Rate | None = None
     # The rate of each concurrency key of the queue, for keyed tasks without their own.
     key_rate: Rate | None = None
+    # Seconds from due to start the queue's tasks should stay under (the doctor's).
+    latency_objective: float | None = None
 
 
 def parse_rate(value: Any) -> Rate:
@@ -105,11 +111,12 @@ def parse_limits(value: Any) -> dict[str, QueueLimit]:
         if (
             not isinstance(entry, dict)
             or not entry
-            or set(entry) - {"concurrency", "rate", "key_rate"}
+            or set(entry) - {"concurrency", "rate", "key_rate", "latency_objective"}
         ):
             raise ValueError(
                 f"QUEUE_LIMITS[{queue!r}] must be a dict with 'concurrency' (an int >= 1), "
-                f"'rate' and/or 'key_rate' (e.g. '100/m'), not {short_repr(entry)}"
+                "'rate' and/or 'key_rate' (e.g. '100/m'), and/or 'latency_objective' "
+                f"(seconds), not {short_repr(entry)}"
             )
         concurrency = entry.get("concurrency")
         if concurrency is not None and (
@@ -124,7 +131,24 @@ def parse_limits(value: Any) -> dict[str, QueueLimit]:
             key_rate = None if entry.get("key_rate") is None else parse_rate(entry["key_rate"])
         except ValueError as exc:
             raise ValueError(f"QUEUE_LIMITS[{queue!r}]: {exc}") from None
-        limits[queue] = QueueLimit(queue, concurrency, rate, key_rate)
+        objective = entry.get("latency_objective")
+        # Written as "not (in range)" so that NaN, which compares false, is refused.
+        if objective is not None and (
+            isinstance(objective, bool)
+            or not isinstance(objective, int | float)
+            or not 0 < objective < math.inf
+        ):
+            raise ValueError(
+                f"QUEUE_LIMITS[{queue!r}]['latency_objective'] must be a number of seconds "
+                f"greater than 0, not {short_repr(objective)}"
+            )
+        limits[queue] = QueueLimit(
+            queue,
+            concurrency,
+            rate,
+            key_rate,
+            None if objective is None else float(objective),
+        )
     return limits
 
 

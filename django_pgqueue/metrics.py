@@ -16,6 +16,9 @@ metric). A worker's own counters and its ``/metrics`` server are the worker's:
   statements and ``queue_pauses`` (one row per queue), under a statement timeout,
   from the read database: ``READ_DATABASE`` (a replica) when it is set, and then
   ``pgqueue_read_replica_lag_seconds`` says how far behind those numbers are.
+* ``DoctorCollector``: ``pgqueue_doctor_findings``, the queue doctor's findings
+  (doctor.py) counted by check and severity, read at most once per
+  ``DOCTOR_METRICS_SECONDS``; registered beside the queue gauges unless that is None.
 """
 
 from __future__ import annotations
@@ -281,23 +284,100 @@ def queue_metric_families(
     ]
 
 
+# -- the doctor's findings ------------------------------------------------------------
+
+_DOCTOR_FINDINGS = (
+    "pgqueue_doctor_findings",
+    "Findings of the queue doctor (pgqueue_doctor) by check and severity: every check's "
+    "warning and problem series exist, 0 when it found none",
+)
+_DOCTOR_UP = ("pgqueue_doctor_up", "1 if the doctor's last run succeeded")
+
+
+class DoctorCollector(Collector):
+    """``pgqueue_doctor_findings{check, severity}``: the doctor's findings on every
+    database with a task table, counted; the doctor runs at most once per ``ttl``
+    seconds (DOCTOR_METRICS_SECONDS), concurrent scrapes sharing one run."""
+
+    def __init__(self, ttl: float | None = None) -> None:
+        self.ttl = ttl
+        self._lock = threading.Lock()
+        self._read_at: float | None = None
+        self._metrics: list[Metric] = []
+
+    def describe(self) -> Iterable[Metric]:
+        yield GaugeMetricFamily(*_DOCTOR_FINDINGS, labels=["check", "severity"])
+        yield GaugeMetricFamily(*_DOCTOR_UP)
+
+    def collect(self) -> Iterable[Metric]:
+        ttl = get_settings().DOCTOR_METRICS_SECONDS if self.ttl is None else self.ttl
+        with self._lock:
+            now = time.monotonic()
+            if self._read_at is None or now - self._read_at >= (ttl or 0):
+                self._metrics = self._read()
+                self._read_at = now
+            return list(self._metrics)
+
+    def _read(self) -> list[Metric]:
+        from django.db import connections
+
+        from django_pgqueue import doctor
+        from django_pgqueue.conf import queue_databases
+
+        try:
+            findings = doctor.diagnose()
+        except Exception:
+            logger.exception("doctor metrics: the doctor could not run")
+            return [GaugeMetricFamily(*_DOCTOR_UP, value=0)]
+        finally:
+            # Scrapes of a worker's /metrics come on short-lived threads, each with its
+            # own Django connections: do not leave them open (as QueueCollector).
+            for alias in queue_databases():
+                if not connections[alias].in_atomic_block:
+                    connections[alias].close()
+        return [doctor_families(findings), GaugeMetricFamily(*_DOCTOR_UP, value=1)]
+
+
+def doctor_families(findings: Iterable[Any]) -> Metric:
+    """The findings counted by (check, severity); a warning and a problem series for
+    every check the doctor has, so that an alert sees one go back to 0."""
+    from django_pgqueue import doctor
+
+    counts = {(check, s): 0 for check in doctor.CHECK_IDS for s in (doctor.WARNING, doctor.PROBLEM)}
+    for finding in findings:
+        key = (finding.check, finding.severity)
+        counts[key] = counts.get(key, 0) + 1
+    family = GaugeMetricFamily(*_DOCTOR_FINDINGS, labels=["check", "severity"])
+    for (check, severity), count in sorted(counts.items()):
+        family.add_metric([check, severity], count)
+    return family
+
+
 _queue_collector: QueueCollector | None = None
+_doctor_collector: DoctorCollector | None = None
 _queue_collector_lock = threading.Lock()
 
 
 def register_queue_collector(registry: CollectorRegistry = REGISTRY) -> QueueCollector:
-    """Register the queue gauges in ``registry`` (once; the app does it at startup)."""
-    global _queue_collector
+    """Register the queue gauges in ``registry`` (once; the app does it at startup), and
+    the doctor's unless DOCTOR_METRICS_SECONDS is None."""
+    global _queue_collector, _doctor_collector
     with _queue_collector_lock:
         if _queue_collector is None:
             _queue_collector = QueueCollector()
             registry.register(_queue_collector)
+        if _doctor_collector is None and get_settings().DOCTOR_METRICS_SECONDS is not None:
+            _doctor_collector = DoctorCollector()
+            registry.register(_doctor_collector)
         return _queue_collector
 
 
 def unregister_queue_collector(registry: CollectorRegistry = REGISTRY) -> None:
-    global _queue_collector
+    global _queue_collector, _doctor_collector
     with _queue_collector_lock:
         if _queue_collector is not None:
             registry.unregister(_queue_collector)
             _queue_collector = None
+        if _doctor_collector is not None:
+            registry.unregister(_doctor_collector)
+            _doctor_collector = None

@@ -298,6 +298,8 @@ class Worker(models.Model):
     in_flight = models.IntegerField(db_default=0)
     started_at = models.DateTimeField(db_default=Now())
     last_heartbeat_at = models.DateTimeField(db_default=Now())
+    # The django_pgqueue release the worker runs (NULL: a release before it said).
+    version = models.CharField(max_length=64, null=True, blank=True)
 
     class Meta:
         db_table = "pgqueue_worker"

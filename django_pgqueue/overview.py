@@ -111,11 +111,13 @@ class QueueGroup:
 
     @property
     def limits(self) -> dict[str, Any]:
-        """``{"concurrency": N | None, "rate": "100/m" | None}``."""
+        """``{"concurrency": N | None, "rate": "100/m" | None, "latency_objective":
+        seconds | None}``."""
         limit = self.limit or QueueLimit(self.name)
         return {
             "concurrency": limit.concurrency,
             "rate": limit.rate.label if limit.rate else None,
+            "latency_objective": limit.latency_objective,
         }
 
 

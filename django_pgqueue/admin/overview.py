@@ -1,7 +1,10 @@
-"""The queue overview: one page of every queue's counts, pauses and wait reasons."""
+"""The queue overview: one page of every queue's counts, pauses and wait reasons, and
+the queue doctor's findings (its health panel)."""
 
 from __future__ import annotations
 
+import logging
+import time
 from typing import Any
 from urllib.parse import urlencode
 
@@ -12,7 +15,7 @@ from django.http import HttpRequest, HttpResponse, HttpResponseRedirect, JsonRes
 from django.template.response import TemplateResponse
 from django.urls import path
 
-from django_pgqueue import operations
+from django_pgqueue import doctor, operations
 from django_pgqueue.admin.common import (
     _url,
     can_pause_queues,
@@ -21,13 +24,15 @@ from django_pgqueue.admin.common import (
 from django_pgqueue.admin.input import (
     refresh_seconds,
 )
-from django_pgqueue.conf import database_for, queue_databases
+from django_pgqueue.conf import database_for, get_settings, queue_databases
 from django_pgqueue.exceptions import InvalidTaskError
 from django_pgqueue.models import (
     Queue,
     QueueOverview,
 )
 from django_pgqueue.overview import build_overview, humanize_seconds, row_key
+
+logger = logging.getLogger("django_pgqueue.admin")
 
 
 @admin.register(QueueOverview)
@@ -130,6 +135,7 @@ class QueueOverviewAdmin(admin.ModelAdmin):
         context = {
             **self.admin_site.each_context(request),
             **overview,
+            "health": health_panel(),
             "data_url": _url(self, "queueoverview_data"),
             "title": "Queue overview",
             "opts": self.model._meta,
@@ -141,6 +147,38 @@ class QueueOverviewAdmin(admin.ModelAdmin):
             **(extra_context or {}),
         }
         return TemplateResponse(request, "admin/django_pgqueue/overview.html", context)
+
+
+def health_panel() -> dict[str, Any]:
+    """The doctor's findings for the page's health panel (doctor.diagnose): the
+    warnings and problems, worst first, and the notes apart. A session's last query is
+    left out when ADMIN_SHOW_PAYLOADS is off (it may hold what a task's row holds)."""
+    started = time.perf_counter()
+    try:
+        findings = doctor.diagnose()
+    except Exception as exc:  # the page's counts do not depend on the doctor
+        logger.exception("the queue overview's health panel: the doctor could not run")
+        findings = [
+            doctor.Finding("doctor.error", doctor.WARNING, f"the doctor could not run: {exc}")
+        ]
+    shown = get_settings().ADMIN_SHOW_PAYLOADS
+    rows = [
+        {
+            **finding.as_json(),
+            "evidence": {
+                k: v for k, v in finding.as_json()["evidence"].items() if shown or k != "query"
+            },
+        }
+        for finding in findings
+    ]
+    status = doctor.exit_status(findings)
+    return {
+        "status": ("healthy", "warnings", "problems")[status],
+        "findings": [row for row in rows if row["severity"] != doctor.INFO],
+        "notes": [row for row in rows if row["severity"] == doctor.INFO],
+        "counts": {s: sum(1 for f in findings if f.severity == s) for s in doctor.SEVERITIES},
+        "read_ms": round((time.perf_counter() - started) * 1000, 1),
+    }
 
 
 # The counts a row of the page shows (its td[data-count]), refreshed in place.

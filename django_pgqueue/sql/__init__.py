@@ -1,4 +1,5 @@
-"""The named SQL statements of ``queries.sql``, loaded once.
+"""The named SQL statements, loaded once: ``queries.sql``, the queue's own (the database
+contract), and ``doctor.sql``, the queue doctor's reads of PostgreSQL's catalogs.
 
 ``QUERIES["claim"]`` is the text of the statement headed ``-- name: claim``.
 """
@@ -27,7 +28,17 @@ def _load(path: Path) -> dict[str, str]:
     return queries
 
 
-QUERIES: dict[str, str] = _load(Path(__file__).with_name("queries.sql"))
+def _load_all(*names: str) -> dict[str, str]:
+    queries: dict[str, str] = {}
+    for name in names:
+        loaded = _load(Path(__file__).with_name(name))
+        if twice := sorted(loaded.keys() & queries.keys()):
+            raise ValueError(f"{name}: statements named again: {', '.join(twice)}")
+        queries.update(loaded)
+    return queries
+
+
+QUERIES: dict[str, str] = _load_all("queries.sql", "doctor.sql")
 
 
 @dataclass(frozen=True)

@@ -1780,10 +1780,11 @@ SELECT pid
 
 
 -- name: register_worker
+-- version: the django_pgqueue release of the worker (the doctor lists the fleet's).
 INSERT INTO pgqueue_worker (id, hostname, pid, queues, routes, concurrency, in_flight,
-                            started_at, last_heartbeat_at)
+                            started_at, last_heartbeat_at, version)
 VALUES (%(id)s, %(hostname)s, %(pid)s, %(queues)s::jsonb, %(routes)s::jsonb, %(concurrency)s, 0,
-        now(), now())
+        now(), now(), %(version)s)
 ON CONFLICT (id) DO UPDATE SET last_heartbeat_at = now();
 
 

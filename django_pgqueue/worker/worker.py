@@ -17,6 +17,7 @@ from collections.abc import Callable
 from dataclasses import field, make_dataclass, replace
 from functools import partial
 
+from django_pgqueue import __version__
 from django_pgqueue.conf import SETTINGS, database_for, get_settings
 from django_pgqueue.limits import queue_limits
 from django_pgqueue.middleware import stack as middleware_stack
@@ -627,6 +628,7 @@ class Worker:
             "queues": json.dumps(self.options.queues),
             "routes": json.dumps([[d.name, d.version] for d in registry.all()]),
             "concurrency": self.options.concurrency,
+            "version": __version__,
         }
         queues = {"queues": self.options.queues}
 
