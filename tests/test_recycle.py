@@ -91,6 +91,7 @@ def test_a_handler_process_above_max_memory_per_child_makes_way_after_its_task(
     assert worker.proc.poll() is None
 
 
+@pytest.mark.slow  # four handler processes started one after the other
 def test_a_task_does_not_pay_for_its_new_handler_process_setting_django_up(start_worker):
     """With a new process after every task, each task waits for its process to set
     Django up (about a second) before its timeout of 0.5 s starts counting."""
@@ -142,6 +143,7 @@ def test_a_worker_above_max_memory_exits_0_after_its_running_tasks(start_worker)
     assert "its resident memory is" in worker.log()
 
 
+@pytest.mark.slow  # five or more worker processes started one after the other
 def test_the_supervisor_replaces_a_worker_process_that_recycled(start_worker):
     """--processes 2 --max-tasks 2: each worker process exits after its tasks and the
     supervisor starts another in its place, until every task has run."""

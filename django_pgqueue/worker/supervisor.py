@@ -226,7 +226,9 @@ class Supervisor:
             slot.backoff.reset()
         delay = 0.0 if returncode in (0, EXIT_RECYCLE) else slot.backoff.next_delay()
         slot.restart_at = now + delay
-        logger.warning(
+        # Status 0: it stopped on its own terms (MAX_TASKS, MAX_MEMORY: recycle.py).
+        logger.log(
+            logging.INFO if returncode == 0 else logging.WARNING,
             "worker process %s %s; starting a replacement in %.1fs",
             pid,
             _describe_exit(returncode),
