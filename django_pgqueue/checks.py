@@ -114,7 +114,7 @@ def check_settings(app_configs, **kwargs):
                 "start without --execution process",
                 hint="A worker that runs its handlers in threads recycles itself with "
                 f"MAX_TASKS and MAX_MEMORY; see {DOCS_URL}/worker.md.",
-                id="django_pgqueue.W004",
+                id="django_pgqueue.W008",
             )
         )
     return messages

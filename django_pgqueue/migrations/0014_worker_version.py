@@ -10,7 +10,7 @@ from django.db import migrations, models
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("django_pgqueue", "0012_runtime_schedules"),
+        ("django_pgqueue", "0013_enqueue_permission"),
     ]
 
     operations = [
