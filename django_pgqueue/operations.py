@@ -19,7 +19,6 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any, Literal, TypedDict, cast
 
 import psycopg
-
 from django.db import IntegrityError, connections, transaction
 
 from django_pgqueue import retention

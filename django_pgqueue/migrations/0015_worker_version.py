@@ -10,7 +10,7 @@ from django.db import migrations, models
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("django_pgqueue", "0013_enqueue_permission"),
+        ("django_pgqueue", "0014_errors_dropped"),
     ]
 
     operations = [
