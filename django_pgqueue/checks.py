@@ -9,6 +9,7 @@ the repository, which an installed package does not have.
 
 from __future__ import annotations
 
+import logging
 import math
 
 from django.conf import settings as django_settings
@@ -117,7 +118,29 @@ def check_settings(app_configs, **kwargs):
                 id="django_pgqueue.W008",
             )
         )
+    if conf.TASK_LOGS is not None and "TASK_LOGS" not in invalid:
+        messages.extend(_check_task_logs_level(conf.TASK_LOGS))
     return messages
+
+
+def _check_task_logs_level(level: str) -> list[Warning]:
+    """TASK_LOGS keeps the records that reach the root logger's handlers: a record
+    below the level of its logger (the root logger's, for a logger without a level of
+    its own) is never made, so never kept."""
+    root = logging.getLogger().getEffectiveLevel()
+    if root <= logging.getLevelName(level):
+        return []
+    root_name = logging.getLevelName(root)
+    return [
+        Warning(
+            f"TASK_LOGS is {level!r} and the root logger's level is {root_name}: records "
+            f"below {root_name} of loggers without a level of their own are never emitted, "
+            "so no task keeps them",
+            hint=f"Set the level {level} on the loggers your tasks use, or on the root "
+            f"logger, in LOGGING; see {DOCS_URL}/logging.md.",
+            id="django_pgqueue.W009",
+        )
+    ]
 
 
 def _check_middleware(paths: list[str]) -> list[Error]:

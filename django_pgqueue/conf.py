@@ -441,6 +441,32 @@ SETTINGS: tuple[Setting, ...] = (
         choices=("text", "json"),
     ),
     Setting(
+        "TASK_LOGS", None, str,
+        "Keep the log records a handler emits during an attempt, at this level and above, "
+        'with the task (its admin page, pgqueue_status --task ID --logs): "DEBUG", '
+        '"INFO", "WARNING", "ERROR" or "CRITICAL". None (the default) keeps none '
+        "(docs/logging.md).",
+        choices=("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"), nullable=True,
+    ),
+    Setting(
+        "TASK_LOG_RECORDS", 200, int,
+        "With TASK_LOGS: the most records one attempt keeps (its newest); the older ones "
+        "are dropped and counted.",
+        minimum=1,
+    ),
+    Setting(
+        "TASK_LOG_BYTES", 64 * 1024, int,
+        "With TASK_LOGS: the most bytes of records one attempt keeps (its newest).",
+        minimum=16 * 1024,
+    ),
+    Setting(
+        "TASK_LOG_TASK_BYTES", 256 * 1024, int,
+        "With TASK_LOGS: the most bytes of records one task keeps over its attempts: "
+        "past it, the oldest attempts' records are deleted (the newest attempt's are "
+        "always kept). None: no limit.",
+        minimum=16 * 1024, nullable=True,
+    ),
+    Setting(
         "QUEUE_METRICS", True, bool,
         "Register the queue gauges in prometheus_client's default registry at startup.",
     ),

@@ -240,6 +240,36 @@ class Dependency(models.Model):
         return f"{self.child_id} after {self.parent_id}"
 
 
+class TaskLog(models.Model):
+    """The log records one attempt of a task emitted while its handler ran (TASK_LOGS,
+    docs/logging.md): one row per attempt that logged, written by its settlement, in
+    the same statement and only if that settlement passed the fence (sql: settle).
+
+    ``records``: a JSON list, oldest first, of {"time", "level", "logger", "message"}
+    and "exception" (the traceback) when the record carried one: the attempt's newest
+    records within TASK_LOG_RECORDS and TASK_LOG_BYTES; ``dropped`` counts those left
+    out. ``bytes`` is the size of ``records`` (about their JSON's), for the task's own
+    budget (TASK_LOG_TASK_BYTES). ``lease_token`` names the execution, as the task's
+    ``executions`` entries do. Deleted with the task (prune, delete_finished)."""
+
+    id = models.BigAutoField(primary_key=True)
+    task_id = models.BigIntegerField()
+    attempt = models.IntegerField()
+    lease_token = models.UUIDField()
+    records = models.JSONField()
+    dropped = models.IntegerField(db_default=0)
+    bytes = models.IntegerField(db_default=0)
+    created_at = models.DateTimeField(db_default=Now())
+
+    class Meta:
+        db_table = "pgqueue_task_log"
+        default_permissions = ()  # read on the task's page, with the task's permissions
+        indexes = [models.Index(fields=["task_id", "id"], name="pgqueue_task_log_task")]
+
+    def __str__(self) -> str:
+        return f"task {self.task_id} attempt {self.attempt}: {len(self.records)} record(s)"
+
+
 class Queue(models.Model):
     """Fleet-wide state of one queue, decided in the database (one row per queue,
     created when a worker serving it registers)."""

@@ -1,5 +1,5 @@
-"""Operations on tasks outside the worker: read, cancel, retry and requeue, delete,
-retention on demand, and the queue overview.
+"""Operations on tasks outside the worker: read (a task, its logs), cancel, retry and
+requeue, delete, retention on demand, and the queue overview.
 
 Every write goes to the task's database: ``DATABASE``, or the alias passed as
 ``database=`` (task ids are per database: the same id can name a task on each), or,
@@ -12,6 +12,7 @@ caller that must see what it just wrote reads ``using=DATABASE``.
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -53,6 +54,50 @@ def get_task(task_id: int, database: str | None = None) -> Task:
         return Task.objects.using(_alias(database)).get(pk=task_id)
     except (Task.DoesNotExist, ValueError, TypeError):
         raise TaskDoesNotExist(f"no task with id {task_id!r}") from None
+
+
+@dataclass(frozen=True)
+class AttemptLogs:
+    """The log records one attempt of a task kept (TASK_LOGS, docs/logging.md).
+
+    ``records``: oldest first, each a dict of ``time`` (a datetime, UTC), ``level``,
+    ``logger``, ``message`` and, when the record carried an exception, ``exception``
+    (its traceback); ``dropped``: how many older records of the attempt were left out
+    (TASK_LOG_RECORDS, TASK_LOG_BYTES). ``lease_token`` names the execution, as the
+    entries of the task's ``executions`` do; ``settled_at`` is when its settlement was
+    written."""
+
+    attempt: int
+    lease_token: str
+    settled_at: datetime
+    records: list[dict[str, Any]]
+    dropped: int
+
+
+def task_logs(task_id: int, database: str | None = None) -> list[AttemptLogs]:
+    """The log records of each attempt of the task that kept some (on ``database``,
+    default DATABASE), oldest attempt first; an empty list for a task with none, or no
+    such task. Records are logs: they may hold personal data (docs/security.md)."""
+    from django_pgqueue.models import TaskLog
+
+    rows = TaskLog.objects.using(_alias(database)).filter(task_id=task_id).order_by("id")
+    return [
+        AttemptLogs(
+            attempt=row.attempt,
+            lease_token=str(row.lease_token),
+            settled_at=row.created_at,
+            records=[_log_record(record) for record in row.records],
+            dropped=row.dropped,
+        )
+        for row in rows
+    ]
+
+
+def _log_record(stored: dict[str, Any]) -> dict[str, Any]:
+    record = dict(stored)
+    with contextlib.suppress(KeyError, TypeError, ValueError):  # else as written
+        record["time"] = datetime.fromisoformat(stored["time"])
+    return record
 
 
 def cancel(

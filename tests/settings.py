@@ -112,6 +112,12 @@ if "PGQUEUE_TEST_DEAD_CONNECTION_TIMEOUT" in os.environ:
 PGQUEUE["TASK_MODULES"].append("tests.size_tasks")
 PGQUEUE["TASK_MODULES"].append("tests.recycle_tasks")
 PGQUEUE["TASK_MODULES"].append("tests.unique_tasks")
+# tests/test_task_logs.py: its tasks, and the task logs of the workers it starts.
+PGQUEUE["TASK_MODULES"].append("tests.task_log_tasks")
+for _key in ("TASK_LOGS", "TASK_LOG_RECORDS", "TASK_LOG_BYTES", "TASK_LOG_TASK_BYTES"):
+    if f"PGQUEUE_TEST_{_key}" in os.environ:
+        _value = os.environ[f"PGQUEUE_TEST_{_key}"]
+        PGQUEUE[_key] = _value if _key == "TASK_LOGS" else int(_value)
 # tests/test_setup_mistakes.py: a module that does not exist (a typo), in the processes
 # it starts.
 if os.environ.get("PGQUEUE_TEST_MISSING_TASK_MODULE"):
@@ -150,7 +156,10 @@ LOGGING = {
     "disable_existing_loggers": False,
     "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(process)d %(message)s"}},
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
-    "loggers": {"django_pgqueue": {"handlers": ["console"], "level": "INFO"}},
+    "loggers": {
+        "django_pgqueue": {"handlers": ["console"], "level": "INFO"},
+        "tests.task_log_tasks": {"level": "DEBUG"},
+    },
 }
 # tests/test_logging.py: LOGGING with no handler (the worker adds its own), or with
 # django_pgqueue at another level.

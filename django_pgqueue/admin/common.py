@@ -31,7 +31,9 @@ EMPTY = "-"
 # _payload and _with_payloads) and from the search by content (admin/search.py). The
 # record is always shown and searchable: operators need it to see why a task failed
 # (docs/security.md says to keep personal data out of exception messages and metadata).
-# ``wake`` is the queue's record of what woke a task, holding a signal's payload.
+# ``wake`` is the queue's record of what woke a task, holding a signal's payload. A
+# task's log records (TASK_LOGS, in pgqueue_task_log, shown on its page) are what its
+# code wrote: payloads too, hidden through ``payloads_shown``.
 PAYLOAD_FIELDS = frozenset(
     {"args", "kwargs", "result", "checkpoint", "progress", "signals", "wake"}
 )

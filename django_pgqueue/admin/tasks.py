@@ -25,6 +25,7 @@ from django_pgqueue import operations
 from django_pgqueue.admin.bulk import bulk_action, kept_message
 from django_pgqueue.admin.common import (
     EMPTY,
+    HIDDEN,
     WithoutDeleteSelected,
     _payload,
     _pretty_json,
@@ -32,6 +33,7 @@ from django_pgqueue.admin.common import (
     _state_html,
     _url,
     _with_payloads,
+    payloads_shown,
     relative_time,
 )
 from django_pgqueue.admin.counts import TaskPaginator
@@ -58,6 +60,7 @@ from django_pgqueue.models import (
     TERMINAL_STATES,
     Dependency,
     Task,
+    TaskLog,
     TaskState,
     Worker,
 )
@@ -178,6 +181,55 @@ def _edges_table(edges: Edges, one: str, many: str, site: str) -> str:
             rows,
         ),
         format_html('<p class="pgqueue-edges-more">and {} more</p>', more) if more else "",
+    )
+
+
+# -- a task's log records (TASK_LOGS) -------------------------------------------------
+
+
+def task_log_rows(task: Task) -> list[TaskLog]:
+    """The task's pgqueue_task_log rows, one per attempt that kept records, oldest
+    first, read where the page read the task (by pgqueue_task_log_task). Bounded by
+    TASK_LOG_TASK_BYTES. Cached on ``task`` for the page's fields."""
+    cache = task.__dict__
+    if "_pgqueue_logs" not in cache:
+        using = task._state.db or read_database()
+        cache["_pgqueue_logs"] = list(
+            TaskLog.objects.using(using).filter(task_id=task.pk).order_by("id")
+        )
+    return cache["_pgqueue_logs"]
+
+
+def _log_records_table(records: list[dict[str, Any]]) -> str:
+    rows = []
+    for record in records:
+        exception = record.get("exception")
+        rows.append(
+            (
+                str(record.get("level", "")).lower(),
+                record.get("time", ""),
+                str(record.get("time", ""))[11:23],
+                record.get("level", ""),
+                record.get("logger", ""),
+                record.get("message", ""),
+                format_html(
+                    '<details><summary>Traceback</summary><pre class="pgqueue-traceback">'
+                    "{}</pre></details>",
+                    exception,
+                )
+                if exception
+                else "",
+            )
+        )
+    return format_html(
+        '<table class="pgqueue-log-records"><thead><tr><th>time (UTC)</th><th>level</th>'
+        "<th>logger</th><th>message</th></tr></thead><tbody>{}</tbody></table>",
+        format_html_join(
+            "",
+            '<tr class="pgqueue-level-{}"><td title="{}">{}</td><td>{}</td><td>{}</td>'
+            '<td><pre class="pgqueue-message">{}</pre>{}</td></tr>',
+            rows,
+        ),
     )
 
 
@@ -597,6 +649,8 @@ class TaskAdmin(WithoutDeleteSelected, ForgedInputMixin, admin.ModelAdmin):
         ),
         ("Metadata", {"fields": ("metadata_display",), "classes": ("collapse",)}),
     )
+    # Shown (after Attempts) with TASK_LOGS, or for a task that kept log records.
+    logs_fieldset = ("Logs", {"fields": ("logs_display",)})
     # Shown (after the first fieldset) for a task that waits, waited, or is waited for.
     waiting_fieldset = (
         "Waiting (docs/workflows.md)",
@@ -637,12 +691,18 @@ class TaskAdmin(WithoutDeleteSelected, ForgedInputMixin, admin.ModelAdmin):
             raise PermissionDenied("only finished tasks can be deleted")
 
     def get_fieldsets(self, request: HttpRequest, obj: Task | None = None):
-        if obj is None or not _has_waiting_work(obj):
-            return self.fieldsets
-        return (self.fieldsets[0], self.waiting_fieldset, *self.fieldsets[1:])
+        fieldsets = list(self.fieldsets)
+        if obj is None:
+            return fieldsets
+        if get_settings().TASK_LOGS or task_log_rows(obj):
+            attempts = [name for name, _ in fieldsets].index("Attempts")
+            fieldsets.insert(attempts + 1, self.logs_fieldset)
+        if _has_waiting_work(obj):
+            fieldsets.insert(1, self.waiting_fieldset)
+        return fieldsets
 
     def get_readonly_fields(self, request: HttpRequest, obj: Task | None = None):
-        fieldsets = (*self.fieldsets, self.waiting_fieldset)
+        fieldsets = (*self.fieldsets, self.waiting_fieldset, self.logs_fieldset)
         return [f for fieldset in fieldsets for f in fieldset[1]["fields"]]
 
     def get_search_results(self, request: HttpRequest, queryset: QuerySet, search_term: str):
@@ -844,6 +904,41 @@ class TaskAdmin(WithoutDeleteSelected, ForgedInputMixin, admin.ModelAdmin):
                 rows,
             ),
         )
+
+    @admin.display(description="log records (per attempt)")
+    def logs_display(self, obj: Task) -> str:
+        """Each attempt's kept records (TASK_LOGS): what the task's code logged, so
+        hidden with ADMIN_SHOW_PAYLOADS = False, as the payloads are; their number and
+        the dropped ones are shown either way."""
+        rows = task_log_rows(obj)
+        if not rows:
+            return "none kept" if get_settings().TASK_LOGS else "none kept (TASK_LOGS is off)"
+        shown = payloads_shown()
+        parts = []
+        for row in rows:
+            dropped = (
+                format_html(
+                    '; <span class="pgqueue-log-dropped">{} earlier record(s) dropped '
+                    "(TASK_LOG_RECORDS, TASK_LOG_BYTES)</span>",
+                    row.dropped,
+                )
+                if row.dropped
+                else ""
+            )
+            parts.append(
+                format_html(
+                    '<div class="pgqueue-log"><p><strong>Attempt {}</strong> <span '
+                    'class="quiet">lease <code>{}</code>, settled {}</span>: {} record(s){}</p>'
+                    "{}</div>",
+                    row.attempt,
+                    str(row.lease_token)[:8],
+                    row.created_at.isoformat(timespec="seconds"),
+                    len(row.records),
+                    dropped,
+                    _log_records_table(row.records) if shown else HIDDEN,
+                )
+            )
+        return format_html_join("", "{}", ((part,) for part in parts))
 
     @admin.display(description="errors (the last 100)")
     def errors_display(self, obj: Task) -> str:

@@ -23,6 +23,8 @@
 --   pgqueue_task_unique_live UNIQUE (unique_key) WHERE unique_key IS NOT NULL AND live
 --   pgqueue_key_rate: PRIMARY KEY (queue, key): one row per key with a per-key rate
 --   pgqueue_task_unique_key (unique_key, enqueued_at)         WHERE unique_key IS NOT NULL
+--   pgqueue_task_log: pgqueue_task_log_task (task_id, id): the log records of a task's
+--                     attempts (TASK_LOGS), written by settle, deleted with the task
 --
 -- States: 'scheduled' rows are due later and sit outside the claim's indexes; the
 -- stager makes them 'pending' when due, so every pending row is due.
@@ -1268,13 +1270,20 @@ SELECT pg_advisory_unlock_shared(1885827329, c) FROM unnest(%(channels)s::int[])
 -- * Times are statement_timestamp(): the settler runs this in autocommit, where it is
 --   now(); an atomic task runs it as the last statement of its handler's transaction
 --   (after hold_lease), whose now() is the handler's start.
+-- * An outcome with log records (TASK_LOGS, docs/logging.md) stores them as a row of
+--   pgqueue_task_log, only for a settlement this statement wrote (logged joins
+--   settled, whose rows passed the fence): a stale attempt's records are never stored,
+--   and a replay finds the lease gone and stores nothing twice. Past the row's
+--   log_task_bytes, the task's older rows go (trimmed_logs: it sees the table as the
+--   statement began, so it counts the new row's bytes itself), by pgqueue_task_log_task.
 WITH v AS (
     SELECT *
       FROM jsonb_to_recordset(%(outcomes)s::jsonb) AS v(
                id bigint, attempt int, token uuid, label text, state text, result jsonb,
                error jsonb, delay float8, attempt_reset bool, attempt_refund bool,
                checkpoint jsonb, save_checkpoint bool, wait_reason text, wait_signal text,
-               wait_seconds float8)
+               wait_seconds float8, log_records jsonb, log_dropped int, log_bytes int,
+               log_task_bytes int)
 ),
 waits AS MATERIALIZED (
     SELECT d.child_id
@@ -1342,6 +1351,32 @@ settled AS (
        AND v.id = m.id AND v.attempt = m.held_attempt AND v.token = m.held_token
     RETURNING t.id, m.held_attempt, m.held_token, t.queue, t.state, t.concurrency_key
 ),
+logged AS MATERIALIZED (
+    SELECT s.id, s.held_attempt, s.held_token, v.log_records, v.log_dropped, v.log_bytes,
+           v.log_task_bytes
+      FROM settled AS s
+      JOIN v ON v.id = s.id AND v.attempt = s.held_attempt AND v.token = s.held_token
+     WHERE v.log_records IS NOT NULL
+),
+stored_logs AS (
+    INSERT INTO pgqueue_task_log (task_id, attempt, lease_token, records, dropped, bytes,
+                                  created_at)
+    SELECT id, held_attempt, held_token, log_records, COALESCE(log_dropped, 0),
+           COALESCE(log_bytes, 0), statement_timestamp()
+      FROM logged
+),
+trimmed_logs AS (
+    DELETE FROM pgqueue_task_log AS l
+     WHERE l.id = ANY (ARRAY(
+               SELECT o.id
+                 FROM (SELECT o.id, n.log_bytes, n.log_task_bytes,
+                              sum(o.bytes) OVER (PARTITION BY o.task_id ORDER BY o.id DESC)
+                                  AS newer_bytes
+                         FROM pgqueue_task_log AS o
+                         JOIN logged AS n ON n.id = o.task_id
+                        WHERE o.task_id = ANY (ARRAY(SELECT id FROM logged))) AS o
+                WHERE o.newer_bytes + o.log_bytes > o.log_task_bytes))
+),
 at_limit AS MATERIALIZED (
     SELECT l.queue
       FROM unnest(%(limit_queues)s::text[], %(limit_concurrency)s::int[])
@@ -1395,7 +1430,8 @@ SELECT id
 -- (the transaction's now() is the handler's start). Wakes parked workers as settle
 -- does: for a row with a concurrency_key, or in %(limit_queue)s when it was at its
 -- concurrency limit %(limit_concurrency)s (running rows, counted as the statement
--- began).
+-- began). The attempt's log records (%(log_records)s, or NULL) are stored as settle
+-- stores them, for the row this statement wrote only.
 WITH settled AS (
     UPDATE pgqueue_task AS t
        SET state = 'succeeded',
@@ -1420,7 +1456,27 @@ WITH settled AS (
      WHERE t.id = %(id)s AND t.attempt = %(attempt)s AND t.lease_token = %(token)s::uuid
        AND t.state = 'running'
        AND (%(any_expiry)s OR t.lease_expires_at > clock_timestamp())
-    RETURNING t.queue, t.concurrency_key
+    RETURNING t.id, t.queue, t.concurrency_key
+),
+stored_logs AS (
+    INSERT INTO pgqueue_task_log (task_id, attempt, lease_token, records, dropped, bytes,
+                                  created_at)
+    SELECT id, %(attempt)s, %(token)s::uuid, %(log_records)s::jsonb, %(log_dropped)s,
+           %(log_bytes)s, statement_timestamp()
+      FROM settled
+     WHERE %(log_records)s::jsonb IS NOT NULL
+),
+trimmed_logs AS (
+    DELETE FROM pgqueue_task_log AS l
+     WHERE l.id = ANY (ARRAY(
+               SELECT o.id
+                 FROM (SELECT o.id,
+                              sum(o.bytes) OVER (ORDER BY o.id DESC) AS newer_bytes
+                         FROM pgqueue_task_log AS o
+                        WHERE o.task_id = %(id)s) AS o
+                WHERE %(log_records)s::jsonb IS NOT NULL
+                  AND EXISTS (SELECT 1 FROM settled)
+                  AND o.newer_bytes + %(log_bytes)s > %(log_task_bytes)s::int))
 )
 SELECT CASE WHEN concurrency_key IS NOT NULL
                  OR (%(limit_queue)s::text IS NOT NULL AND queue = %(limit_queue)s::text
@@ -1820,7 +1876,9 @@ RETURNING id;
 -- first, through pgqueue_task_retention. A terminal row has no lease (settlement
 -- clears it), so nothing a worker holds can be pruned. The pruned tasks' workflow
 -- edges go with them (pgqueue_dep_child and pgqueue_dep_edge, by id): a live task
--- loses at most a finished parent from its parent_results.
+-- loses at most a finished parent from its parent_results. So do their log records
+-- (pgqueue_task_log_task, by id): no foreign key cascades them, as its trigger would
+-- cost every deleted row a statement of its own (ten times the delete's own time).
 -- Every DELETE names its rows by "id = ANY (ARRAY(...))", never by a join: under the
 -- worker's generic plans the batch's LIMIT is a parameter the planner prices at 10%
 -- of the table, and a join then became a hash join over a sequential scan of the
@@ -1865,6 +1923,10 @@ parent_edges AS (
 child_edges AS (
     DELETE FROM pgqueue_dependency AS e
      WHERE e.parent_id = ANY (ARRAY(SELECT id FROM pruned))
+),
+logs AS (
+    DELETE FROM pgqueue_task_log AS l
+     WHERE l.task_id = ANY (ARRAY(SELECT id FROM pruned))
 )
 SELECT state FROM pruned;
 
@@ -1927,7 +1989,7 @@ SELECT id, day, body, locked_rows
 -- and the caller wrote to the archive, by id, and only those (a row left out of the
 -- archive write stays). They are locked by this transaction, so still terminal and
 -- without a lease; the conditions are kept as a guard. Their workflow edges go with
--- them, as in prune. By primary key.
+-- them, and their log records, as in prune. By primary key.
 WITH pruned AS (
     DELETE FROM pgqueue_task AS t
      WHERE t.id = ANY (%(ids)s::bigint[])
@@ -1942,6 +2004,10 @@ parent_edges AS (
 child_edges AS (
     DELETE FROM pgqueue_dependency AS e
      WHERE e.parent_id = ANY (ARRAY(SELECT id FROM pruned))
+),
+logs AS (
+    DELETE FROM pgqueue_task_log AS l
+     WHERE l.task_id = ANY (ARRAY(SELECT id FROM pruned))
 )
 SELECT state FROM pruned;
 
@@ -2354,12 +2420,19 @@ SELECT id, false, unique_key, live_id, newer_id
 -- name: delete_finished
 -- Delete rows an operator selected, if they are terminal and hold no lease (the same
 -- guard as prune): a pending, running or waiting task is never deleted (cancel it
--- first). By primary key.
-DELETE FROM pgqueue_task
- WHERE id = ANY (%(ids)s::bigint[])
-   AND state IN ('succeeded', 'failed', 'cancelled')
-   AND lease_token IS NULL
-RETURNING id;
+-- first). Their log records go with them (pgqueue_task_log_task). By primary key.
+WITH deleted AS (
+    DELETE FROM pgqueue_task
+     WHERE id = ANY (%(ids)s::bigint[])
+       AND state IN ('succeeded', 'failed', 'cancelled')
+       AND lease_token IS NULL
+    RETURNING id
+),
+logs AS (
+    DELETE FROM pgqueue_task_log AS l
+     WHERE l.task_id = ANY (ARRAY(SELECT id FROM deleted))
+)
+SELECT id FROM deleted;
 
 
 -- name: count_prunable

@@ -46,7 +46,7 @@ from django_pgqueue.payload import dumps
 from django_pgqueue.registry import TaskDefinition
 from django_pgqueue.retry import ATOMIC_KEY
 from django_pgqueue.sql import QUERIES
-from django_pgqueue.worker import outcomes
+from django_pgqueue.worker import outcomes, task_logs
 from django_pgqueue.worker.claimed import ClaimedTask
 from django_pgqueue.worker.logging import task_fields
 from django_pgqueue.worker.outcomes import CONTINUED, SUCCESS, SUSPENDED, Outcome
@@ -117,6 +117,7 @@ def run(
                     f"the attempt exceeded its timeout of {task.timeout:g}s: its handler "
                     "returned past it, so its atomic transaction was rolled back"
                 )))  # fmt: skip
+            outcome.logs = task_logs.take(task)  # they commit with the outcome
             state = _commit(connection, outcome, any_expiry)
             if state is None:
                 raise _RollBack(_fenced(task, outcome))
@@ -156,6 +157,7 @@ def _commit(connection: Any, outcome: Outcome, any_expiry: bool) -> str | None:
             if outcome.label == SUCCESS:
                 checkpoint = (held or {}).get("save_checkpoint")
                 progress = (held or {}).get("save_progress")
+                logs = outcome.logs or {}
                 cursor.execute(QUERIES["settle_atomic"], {
                     **lease,
                     "result": None if outcome.result is None else dumps(outcome.result),
@@ -165,6 +167,10 @@ def _commit(connection: Any, outcome: Outcome, any_expiry: bool) -> str | None:
                     "progress": progress and progress["progress"],
                     "limit_queue": limit and task.queue,
                     "limit_concurrency": limit,
+                    "log_records": dumps(logs["records"]) if logs else None,
+                    "log_dropped": logs.get("dropped", 0),
+                    "log_bytes": logs.get("bytes", 0),
+                    "log_task_bytes": logs.get("task_bytes"),
                 })  # fmt: skip
                 return SUCCEEDED if cursor.fetchone() is not None else None
             cursor.execute(QUERIES["hold_lease"], lease)

@@ -23,6 +23,8 @@ from django_pgqueue.context import TaskContext
 if TYPE_CHECKING:
     import psycopg
 
+    from django_pgqueue.worker.task_logs import AttemptLog
+
 
 class Lease(NamedTuple):
     """The key of one claim of one task: what every fenced write carries."""
@@ -86,6 +88,9 @@ class ClaimedTask:
     # Set by the slot that takes the task, when the claimer waits for that (see
     # Claimer._hand_over): an idle worker's claimer lets the slot start first.
     picked_up: threading.Event | None = None
+    # The attempt's log records, with TASK_LOGS, in the process that runs its handler
+    # (task_logs.py): never stored as such, never sent to a process.
+    logs: AttemptLog | None = None
 
     @functools.cached_property
     def lease(self) -> Lease:

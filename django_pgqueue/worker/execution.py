@@ -40,7 +40,7 @@ from django_pgqueue.payload import (
 )
 from django_pgqueue.registry import TaskDefinition, registry
 from django_pgqueue.signals import task_started
-from django_pgqueue.worker import atomic, outcomes
+from django_pgqueue.worker import atomic, outcomes, task_logs
 from django_pgqueue.worker.asyncio_runner import AsyncRunner
 from django_pgqueue.worker.claimed import ClaimedTask
 from django_pgqueue.worker.logging import current_lease
@@ -80,7 +80,8 @@ def execute(
 ) -> Outcome:
     """Run the handler of ``task`` and return the outcome to settle. Never raises.
 
-    While it runs, log records name this execution (``logging.ExecutionFilter``).
+    While it runs, log records name this execution (``logging.ExecutionFilter``), and,
+    with TASK_LOGS, are kept in its outcome (``task_logs``).
     ``recycle_connections=False`` leaves the thread's connections alone around the
     handler (django_pgqueue.testing runs handlers on a test's own connection, inside
     its transaction); the worker always recycles them. An atomic task's outcome is
@@ -92,10 +93,13 @@ def execute(
         # On the runner's loop, as an async slot runs it (in process mode's children).
         return async_runner.result(execute_async(task, database))
     marker = current_lease.set(task)
+    task_logs.begin(task)
     try:
-        return _execute(task, database, recycle_connections, renewed_lease)
+        outcome = _execute(task, database, recycle_connections, renewed_lease)
     finally:
         current_lease.reset(marker)
+    outcome.logs = task_logs.take(task)
+    return outcome
 
 
 def _is_async(task: ClaimedTask) -> bool:
@@ -152,6 +156,16 @@ async def execute_async(
     async slot, see async_slots.py): the same outcomes, the timeout by ``wait_for``.
     Never raises. ``recycle_connections``: as for ``execute``."""
     marker = current_lease.set(task)
+    task_logs.begin(task)
+    try:
+        outcome = await _execute_async(task, database, recycle_connections)
+    finally:
+        current_lease.reset(marker)
+    outcome.logs = task_logs.take(task)
+    return outcome
+
+
+async def _execute_async(task: ClaimedTask, database: str, recycle_connections: bool) -> Outcome:
     try:
         prepared = _prepare(task, database)
         if isinstance(prepared, Outcome):
@@ -198,8 +212,6 @@ async def execute_async(
     except BaseException as exc:  # a bug above must not lose the task: fail the attempt
         logger.exception("%s: the async slot failed", task.log_prefix())
         return outcomes.failed(task, outcomes.error_entry(task, exc))
-    finally:
-        current_lease.reset(marker)
 
 
 def _prepare(task: ClaimedTask, database: str) -> tuple[TaskDefinition, list[Any]] | Outcome:

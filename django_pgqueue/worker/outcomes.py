@@ -101,6 +101,9 @@ class Outcome:
     # The state an atomic attempt's own transaction wrote with this outcome (it is
     # committed): the settler only accounts for it.
     written: str | None = None
+    # The attempt's log records, with TASK_LOGS (task_logs.take: records, dropped,
+    # bytes, task_bytes): stored by the settlement in pgqueue_task_log.
+    logs: dict[str, Any] | None = field(default=None, repr=False)
     # The exception the attempt ended with, for the log record of its settlement (and so
     # for error reporters such as Sentry): never part of the row, never JSON-encoded.
     exc: BaseException | None = field(default=None, repr=False)
@@ -144,6 +147,11 @@ class Outcome:
         ):
             if value:
                 row[flag] = True
+        if self.logs is not None:
+            row["log_records"] = self.logs["records"]
+            row["log_dropped"] = self.logs["dropped"]
+            row["log_bytes"] = self.logs["bytes"]
+            row["log_task_bytes"] = self.logs["task_bytes"]
         return row
 
 

@@ -53,7 +53,7 @@ from datetime import datetime
 from typing import Any
 
 from django_pgqueue.registry import registry
-from django_pgqueue.worker import outcomes, remote_error
+from django_pgqueue.worker import outcomes, remote_error, task_logs
 from django_pgqueue.worker.asyncio_runner import AsyncRunner
 from django_pgqueue.worker.claimed import ClaimedTask, Lease
 from django_pgqueue.worker.execution import execute
@@ -90,7 +90,8 @@ _TASK_DATETIMES = tuple(f.name for f in fields(ClaimedTask) if f.type == "dateti
 _TASK_FIELDS = tuple(
     f.name
     for f in fields(ClaimedTask)
-    if f.name not in ("received_monotonic", "started_monotonic", "context", "raised", "picked_up")
+    if f.name
+    not in ("received_monotonic", "started_monotonic", "context", "raised", "picked_up", "logs")
 )
 # The exception crosses as a description (remote_error.py), beside the outcome's fields.
 _OUTCOME_FIELDS = tuple(f.name for f in fields(Outcome) if f.name not in ("task", "exc"))
@@ -556,6 +557,7 @@ def run_child(
     """A handler process of the prefork pool, started by ``spawn.start_child``."""
     multiprocessing.current_process().name = f"pgqueue-handler-{os.getpid()}"
     configure_logging(log_level, log_format)
+    task_logs.install_from_settings()
     # A process the handler forks or starts must not hold the pool's pipes open.
     os.set_inheritable(task_fd, False)
     os.set_inheritable(outcome_fd, False)

@@ -211,9 +211,11 @@ class SlotPool:
             extra=task_fields(task, outcome=TIMEOUT, duration=round(ran, 6)),
         )
         self._stats.incr("late_return")
-        self._on_outcome(
-            timed_out(task, self._overran(task, f"its handler returned {ran:.1f}s after its start"))
+        late = timed_out(
+            task, self._overran(task, f"its handler returned {ran:.1f}s after its start")
         )
+        late.logs = outcome.logs  # what the attempt logged, as of any other attempt
+        self._on_outcome(late)
 
     def _overran(self, task: ClaimedTask, then: str) -> str:
         return (

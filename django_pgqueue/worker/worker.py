@@ -24,6 +24,7 @@ from django_pgqueue.middleware import stack as middleware_stack
 from django_pgqueue.periodic import schedule_registry
 from django_pgqueue.registry import registry
 from django_pgqueue.sql import QUERIES
+from django_pgqueue.worker import task_logs
 from django_pgqueue.worker.async_slots import AsyncSlots
 from django_pgqueue.worker.asyncio_runner import AsyncRunner
 from django_pgqueue.worker.claimed import ClaimedTask
@@ -110,6 +111,14 @@ WorkerOptions = make_dataclass(
 )
 
 
+def _with_logs(outcome: Outcome) -> Outcome:
+    """An outcome written while its handler still runs (a release, an abandoned
+    written-off handler), with the records its attempt logged so far (in thread mode;
+    a killed handler process kept none)."""
+    outcome.logs = task_logs.take(outcome.task)
+    return outcome
+
+
 def reexec() -> None:
     """Replace this process with a fresh run of the same command, under the same pid.
     Every thread of the old process, a stuck handler's too, ends here."""
@@ -157,6 +166,8 @@ class Worker:
             if options.execution == "process"
             else None
         )
+        if self.pool is None:  # the handlers run here: keep their records (TASK_LOGS)
+            task_logs.install_from_settings()
         # MAX_TASKS, MAX_MEMORY: this process makes way for a new one (recycle.py).
         self.recycling = Recycling(options.max_tasks, options.max_memory)
         self._recycling = False
@@ -556,7 +567,7 @@ class Worker:
                 extra=task_fields(task, outcome="timeout", worker=self.worker_id,
                                   database=self.alias),
             )  # fmt: skip
-            self.settler.put(abandoned(task, self.slots.exit_message(task)))
+            self.settler.put(_with_logs(abandoned(task, self.slots.exit_message(task))))
         for task in unfinished:
             logger.warning(
                 "%s was still running after the %gs shutdown grace: released, to run again "
@@ -570,7 +581,7 @@ class Worker:
                     task, outcome="released", worker=self.worker_id, database=self.alias
                 ),
             )
-            self.settler.put(released(task))
+            self.settler.put(_with_logs(released(task)))
         self.slots.stop()
         if self.pool is not None:
             self.pool.stop()

@@ -1,10 +1,12 @@
-"""``manage.py pgqueue_status``: the queue overview in a terminal (or as JSON)."""
+"""``manage.py pgqueue_status``: the queue overview in a terminal (or as JSON), or one
+task with ``--task ID`` (and the log records its attempts kept, with ``--logs``)."""
 
 from __future__ import annotations
 
 import json
 import signal
 import threading
+from dataclasses import asdict
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError
@@ -12,6 +14,8 @@ from django.utils import timezone
 
 from django_pgqueue import operations
 from django_pgqueue.conf import queue_databases
+from django_pgqueue.exceptions import TaskDoesNotExist
+from django_pgqueue.management.commands._database import add_database_argument, database_option
 from django_pgqueue.overview import (
     HOLDS,
     WAIT_REASONS,
@@ -58,8 +62,24 @@ class Command(BaseCommand):
             help="refresh in place every SECONDS (default 2) until Ctrl-C; with --json, "
             "print one JSON document per line",
         )
+        parser.add_argument(
+            "--task",
+            type=int,
+            metavar="ID",
+            help="show this task instead: its state, attempts, executions and last error",
+        )
+        parser.add_argument(
+            "--logs",
+            action="store_true",
+            help="with --task: also the log records each attempt kept (TASK_LOGS)",
+        )
+        add_database_argument(parser, "task --task names")
 
     def handle(self, *args, **opts):
+        if opts["task"] is not None:
+            return self._show_task(opts)
+        if opts["logs"] or opts["database"]:
+            raise CommandError("--logs and --database go with --task ID")
         interval = opts["watch"]
         # A range, so NaN (never in range) and infinity fail too: the wait refuses them.
         if interval is not None and not 0 < interval <= 24 * 3600:
@@ -98,6 +118,100 @@ class Command(BaseCommand):
         finally:
             if previous is not None:
                 signal.signal(signal.SIGINT, previous)
+
+
+    def _show_task(self, opts: dict[str, Any]) -> None:
+        if opts["watch"] is not None:
+            raise CommandError("--watch refreshes the overview; drop it with --task")
+        database = database_option(opts["database"])
+        try:
+            shown = read_task(opts["task"], database, logs=opts["logs"])
+        except TaskDoesNotExist as exc:
+            raise CommandError(f"{exc} (on {database or 'DATABASE'})") from None
+        if opts["json"]:
+            self.stdout.write(json.dumps(shown, indent=2, default=str))
+        else:
+            self.stdout.write(render_task(shown))
+
+
+def read_task(task_id: int, database: str | None, logs: bool) -> dict[str, Any]:
+    """One task as ``--task`` shows it: ``task`` (its routing, state, attempts, times,
+    executions and errors; not its arguments nor its result) and, with ``logs``,
+    ``logs``: the records each attempt kept (``operations.task_logs``), oldest first."""
+    row = operations.get_task(task_id, database=database)
+    shown: dict[str, Any] = {
+        "task": {
+            "id": row.pk,
+            "task_name": row.task_name,
+            "handler_version": row.handler_version,
+            "queue": row.queue,
+            "state": row.state,
+            "attempt": row.attempt,
+            "max_attempts": row.max_attempts,
+            "enqueued_at": row.enqueued_at,
+            "run_at": row.run_at,
+            "started_at": row.started_at,
+            "finished_at": row.finished_at,
+            "worker_id": row.worker_id,
+            "executions": row.executions,
+            "errors": row.errors,
+        }
+    }
+    if logs:
+        shown["logs"] = [asdict(attempt) for attempt in operations.task_logs(task_id, database)]
+    return shown
+
+
+def render_task(shown: dict[str, Any]) -> str:
+    task = shown["task"]
+    out = [
+        f"task {task['id']}: {task['task_name']}@{task['handler_version']} "
+        f"on queue {task['queue']}",
+        f"state: {task['state']} (attempt {task['attempt']} of {task['max_attempts']})",
+        f"enqueued {_moment(task['enqueued_at'])}, run at {_moment(task['run_at'])}, "
+        f"finished {_moment(task['finished_at'])}",
+    ]
+    if task["executions"]:
+        header = ["attempt", "outcome", "state after", "started", "ended", "lease"]
+        lines = [
+            [str(e.get("attempt", "?")), e.get("outcome") or "-", e.get("state") or "-",
+             e.get("started") or "-", e.get("ended") or "-", (e.get("token") or "-")[:8]]
+            for e in task["executions"]
+        ]  # fmt: skip
+        widths = [max(len(c) for c in column) for column in zip(header, *lines, strict=False)]
+        out += ["", "executions:"]
+        out += ["  " + _left_aligned(line, widths) for line in (header, *lines)]
+    if task["errors"]:
+        error = task["errors"][-1]
+        out += ["", f"last error (attempt {error.get('attempt', '?')}): "
+                    f"{error.get('type')}: {error.get('message')}"]  # fmt: skip
+    if "logs" in shown:
+        out += ["", *_log_lines(shown["logs"])]
+    return "\n".join(out)
+
+
+def _log_lines(attempts: list[dict[str, Any]]) -> list[str]:
+    """Each attempt's kept records: time, level, logger, message, and an exception's
+    traceback indented below its record."""
+    if not attempts:
+        return ["logs: none kept (TASK_LOGS keeps the records of attempts that log)"]
+    out = ["logs:"]
+    for attempt in attempts:
+        dropped = f", {attempt['dropped']} earlier dropped" if attempt["dropped"] else ""
+        out.append(
+            f"  attempt {attempt['attempt']} (lease {attempt['lease_token'][:8]}, settled "
+            f"{_moment(attempt['settled_at'])}): {len(attempt['records'])} record(s){dropped}"
+        )
+        for record in attempt["records"]:
+            moment = record.get("time")
+            when = moment.strftime("%H:%M:%S.%f")[:-3] if hasattr(moment, "strftime") else moment
+            out.append(
+                f"    {when} {record.get('level', ''):<8} {record.get('logger', '')}: "
+                f"{record.get('message', '')}"
+            )
+            if record.get("exception"):
+                out += [f"      {line}" for line in record["exception"].splitlines()]
+    return out
 
 
 def read_status() -> dict[str, Any]:

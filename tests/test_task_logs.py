@@ -1,0 +1,415 @@
+"""Per-task logs (TASK_LOGS): the records a handler logs during an attempt are stored
+with that attempt's settlement, in the same fenced statement, bounded per attempt and
+per task, deleted with the task, and shown by the admin, pgqueue_status and
+``operations.task_logs``.
+
+The tests in this process drive the worker's own pieces (execute, the settler) on
+claims taken with the worker's claim; those under "in a worker" start real worker
+processes, in thread and in process execution."""
+
+from __future__ import annotations
+
+import json
+import logging
+import signal
+import uuid
+from collections.abc import Iterator
+from datetime import datetime
+
+import pytest
+from django.core.management import call_command
+from django.core.management.base import CommandError
+from django.test import override_settings
+from django.urls import reverse
+
+from django_pgqueue import operations
+from django_pgqueue.checks import check_settings
+from django_pgqueue.models import Task, TaskLog
+from django_pgqueue.worker import task_logs
+from django_pgqueue.worker.execution import execute
+from django_pgqueue.worker.task_logs import TaskLogHandler
+from tests import task_log_tasks as tasks
+from tests.conftest import wait_until
+from tests.sqlhelpers import claim, expire_lease, row, sweep
+from tests.test_executions import settle_with_worker
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+LOGGER = "tests.task_log_tasks"
+
+
+@pytest.fixture
+def keep_logs() -> Iterator[callable]:
+    """Keep task logs in this process (as a worker does with TASK_LOGS), with these
+    limits; the handler is taken off the root logger afterwards."""
+
+    def keep(level: str = "INFO", records: int = 200, max_bytes: int = 65536,
+             task_bytes: int | None = 262144) -> None:  # fmt: skip
+        task_logs.install(level, records, max_bytes, task_bytes)
+
+    yield keep
+    task_logs.install(None, 0, 0, None)
+
+
+def run_once(pg, worker_id: str = "w-a"):
+    """Claim one task, run its handler as a thread slot does, settle its outcome."""
+    (claimed,) = claim(pg, worker_id=worker_id)
+    outcome = execute(claimed, "default", None)
+    settle_with_worker(outcome, worker_id=worker_id)
+    return claimed, outcome
+
+
+def messages(attempt: operations.AttemptLogs) -> list[str]:
+    return [record["message"] for record in attempt.records]
+
+
+# -- what is kept, with the settlement ------------------------------------------------------
+
+
+def test_an_attempts_records_are_stored_with_its_settlement(pg, keep_logs):
+    keep_logs("INFO")
+    task_id = tasks.logs_two.enqueue(7)
+
+    claimed, _ = run_once(pg)
+
+    assert row(pg, task_id)["state"] == "succeeded"
+    (attempt,) = operations.task_logs(task_id)
+    assert (attempt.attempt, attempt.lease_token, attempt.dropped) == (
+        1, claimed.lease_token, 0
+    )  # fmt: skip
+    assert messages(attempt) == ["charging order 7", "card declined for order 7"]
+    assert [(r["level"], r["logger"]) for r in attempt.records] == [
+        ("INFO", LOGGER), ("WARNING", LOGGER)
+    ]  # fmt: skip
+    assert all(isinstance(r["time"], datetime) for r in attempt.records)
+    # the execution the records belong to is the one the task's history names
+    (execution,) = row(pg, task_id)["executions"]
+    assert execution["token"] == attempt.lease_token
+
+
+def test_records_below_the_task_logs_level_are_not_kept(pg, keep_logs):
+    keep_logs("INFO")
+    task_id = tasks.logs_below_the_level.enqueue(3)
+
+    run_once(pg)
+
+    (attempt,) = operations.task_logs(task_id)
+    assert messages(attempt) == ["an info record of order 3"]
+
+
+def test_without_task_logs_nothing_is_kept_and_no_handler_is_attached(pg):
+    task_id = tasks.logs_two.enqueue(1)
+
+    run_once(pg)
+
+    assert row(pg, task_id)["state"] == "succeeded"
+    assert operations.task_logs(task_id) == []
+    assert not any(isinstance(h, TaskLogHandler) for h in logging.getLogger().handlers)
+
+
+def test_an_attempt_that_logs_nothing_stores_no_row(pg, keep_logs):
+    keep_logs("WARNING")
+    task_id = tasks.logs_below_the_level.enqueue(1)
+
+    run_once(pg)
+
+    assert row(pg, task_id)["state"] == "succeeded"
+    assert not TaskLog.objects.filter(task_id=task_id).exists()
+
+
+def test_a_retried_tasks_attempts_keep_their_records_apart(pg, keep_logs):
+    keep_logs("INFO")
+    task_id = tasks.fails_then_succeeds.enqueue()
+
+    first, _ = run_once(pg, worker_id="w-a")
+    pg.execute("UPDATE pgqueue_task SET run_at = now() WHERE id = %s", [task_id])
+    second, _ = run_once(pg, worker_id="w-b")
+
+    assert row(pg, task_id)["state"] == "succeeded"
+    one, two = operations.task_logs(task_id)
+    assert (one.attempt, one.lease_token) == (1, first.lease_token)
+    assert (two.attempt, two.lease_token) == (2, second.lease_token)
+    assert messages(one) == ["attempt 1 begins", "attempt 1 failed"]
+    assert "ValueError: the first attempt fails" in one.records[1]["exception"]
+    assert messages(two) == ["attempt 2 begins", "attempt 2 succeeds"]
+
+
+# -- bounds ----------------------------------------------------------------------------------
+
+
+def test_an_attempt_keeps_its_newest_records_within_task_log_records_and_counts_the_rest(
+    pg, keep_logs
+):
+    keep_logs("INFO", records=5)
+    task_id = tasks.logs_many.enqueue(12, 1)
+
+    run_once(pg)
+
+    (attempt,) = operations.task_logs(task_id)
+    assert [m.split()[1] for m in messages(attempt)] == ["7", "8", "9", "10", "11"]
+    assert attempt.dropped == 7
+
+
+def test_an_attempt_keeps_its_newest_records_within_task_log_bytes(pg, keep_logs):
+    keep_logs("INFO", max_bytes=16384)
+    task_id = tasks.logs_many.enqueue(100, 1000)
+
+    run_once(pg)
+
+    (attempt,) = operations.task_logs(task_id)
+    stored = TaskLog.objects.get(task_id=task_id)
+    assert messages(attempt)[-1].startswith("record 99 ")
+    assert 10 <= len(attempt.records) <= 16
+    assert attempt.dropped == 100 - len(attempt.records)
+    assert stored.bytes <= 16384
+    assert len(json.dumps(stored.records)) <= 16384 * 1.1  # the size is about the JSON's
+
+
+def test_a_task_keeps_its_newest_attempts_records_within_task_log_task_bytes(pg, keep_logs):
+    # given: attempts of about 22 KiB of records each, and 50 KiB per task
+    keep_logs("INFO", task_bytes=50 * 1024)
+    task_id = tasks.logs_and_fails.enqueue(20, 1000)
+
+    # when: three attempts run and fail
+    tokens = []
+    for number in range(3):
+        claimed, _ = run_once(pg, worker_id=f"w-{number}")
+        tokens.append(claimed.lease_token)
+        pg.execute("UPDATE pgqueue_task SET run_at = now() WHERE id = %s", [task_id])
+
+    # then: the first attempt's records were deleted for the two newest
+    kept = operations.task_logs(task_id)
+    assert [(a.attempt, a.lease_token) for a in kept] == [(2, tokens[1]), (3, tokens[2])]
+    assert sum(r.bytes for r in TaskLog.objects.filter(task_id=task_id)) <= 50 * 1024
+
+
+def test_text_postgresql_cannot_store_is_escaped_and_the_task_is_settled(pg, keep_logs):
+    keep_logs("INFO")
+    task_id = tasks.logs_bad_text.enqueue()
+
+    run_once(pg)
+
+    assert row(pg, task_id)["state"] == "succeeded"
+    (attempt,) = operations.task_logs(task_id)
+    nul, long = messages(attempt)
+    assert "a NUL \\x00 here" in nul
+    assert "\\udcff\\udcfe there" in nul
+    assert long.startswith("y" * 4000) and long.endswith(f" [{100_000 - 4096} bytes cut]")
+
+
+def test_a_record_whose_arguments_do_not_format_is_kept_with_a_note():
+    log = task_logs.AttemptLog(task_logs.Limits(records=10, bytes=65536, task_bytes=None))
+    record = logging.LogRecord(LOGGER, logging.INFO, __file__, 1, "%d orders", ("seven",), None)
+
+    log.add(record)
+
+    (kept,) = log.take()["records"]
+    assert kept["message"] == (
+        "%d orders [its arguments did not format: TypeError: %d format: a real number is "
+        "required, not str]"
+    )
+
+
+def test_records_of_a_thread_the_handler_starts_are_kept_only_in_a_copy_of_its_context(
+    pg, keep_logs
+):
+    keep_logs("INFO")
+    task_id = tasks.logs_from_threads.enqueue()
+
+    run_once(pg)
+
+    (attempt,) = operations.task_logs(task_id)
+    assert messages(attempt) == ["from the handler", "from a thread in a copy"]
+
+
+# -- fencing -----------------------------------------------------------------------------------
+
+
+def test_a_stale_attempts_records_are_not_stored_and_the_current_ones_are(pg, keep_logs):
+    # given: worker A runs attempt 1 and logs; its lease lapses, the sweep recovers the
+    # task, and worker B claims attempt 2
+    keep_logs("INFO")
+    task_id = tasks.logs_two.enqueue(5)
+    (stale,) = claim(pg, worker_id="w-a")
+    stale_outcome = execute(stale, "default", None)
+    expire_lease(pg, task_id)
+    assert [(r[0], r[1]) for r in sweep(pg)] == [(task_id, "pending")]
+    (current,) = claim(pg, worker_id="w-b")
+
+    # when: A's settlement arrives, carrying its records
+    stats = settle_with_worker(stale_outcome, worker_id="w-a")
+
+    # then: it is refused as lost, and none of its records is stored
+    assert stats.get("lost") == 1
+    assert not TaskLog.objects.filter(task_id=task_id).exists()
+
+    # and B's attempt stores its own, under its own lease
+    settle_with_worker(execute(current, "default", None), worker_id="w-b")
+    (attempt,) = operations.task_logs(task_id)
+    assert (attempt.attempt, attempt.lease_token) == (2, current.lease_token)
+
+
+def test_an_atomic_success_stores_its_records_in_its_own_transaction(pg, keep_logs):
+    keep_logs("INFO")
+    task_id = tasks.logs_atomically.enqueue(9)
+    (claimed,) = claim(pg)
+
+    outcome = execute(claimed, "default", None)
+
+    assert outcome.written == "succeeded"  # no settler: the handler's transaction wrote it
+    (attempt,) = operations.task_logs(task_id)
+    assert (attempt.attempt, attempt.lease_token) == (1, claimed.lease_token)
+    assert messages(attempt) == ["atomic handler of order 9"]
+
+
+def test_an_atomic_attempt_whose_lease_was_lost_stores_no_records(pg, keep_logs):
+    keep_logs("INFO")
+    task_id = tasks.logs_atomically.enqueue(9)
+    (claimed,) = claim(pg)
+    pg.execute(
+        "UPDATE pgqueue_task SET lease_token = %s WHERE id = %s", [str(uuid.uuid4()), task_id]
+    )
+
+    outcome = execute(claimed, "default", None)
+
+    assert outcome.written is None
+    assert not TaskLog.objects.filter(task_id=task_id).exists()
+
+
+# -- deleted with the task -------------------------------------------------------------------
+
+
+def finished_long_ago(pg, *task_ids: int) -> None:
+    pg.execute(
+        "UPDATE pgqueue_task SET finished_at = now() - interval '30 days' WHERE id = ANY(%s)",
+        [list(task_ids)],
+    )
+
+
+def two_tasks_with_logs(pg) -> tuple[int, int]:
+    old = tasks.logs_two.enqueue(1)
+    run_once(pg)
+    kept = tasks.logs_two.enqueue(2)
+    run_once(pg)
+    assert TaskLog.objects.filter(task_id__in=[old, kept]).count() == 2
+    return old, kept
+
+
+def test_pruning_a_task_deletes_its_records(pg, keep_logs):
+    keep_logs("INFO")
+    old, kept = two_tasks_with_logs(pg)
+    finished_long_ago(pg, old)
+
+    assert operations.prune_expired() == 1
+
+    assert not Task.objects.filter(pk=old).exists()
+    assert list(TaskLog.objects.values_list("task_id", flat=True)) == [kept]
+
+
+def test_pruning_to_an_archive_deletes_the_records_of_the_tasks_it_deletes(
+    pg, keep_logs, tmp_path
+):
+    keep_logs("INFO")
+    old, kept = two_tasks_with_logs(pg)
+    finished_long_ago(pg, old)
+
+    assert operations.prune_expired(archive_dir=str(tmp_path)) == 1
+
+    assert list(TaskLog.objects.values_list("task_id", flat=True)) == [kept]
+
+
+def test_deleting_a_finished_task_deletes_its_records(pg, keep_logs):
+    keep_logs("INFO")
+    old, kept = two_tasks_with_logs(pg)
+
+    assert operations.delete_finished([old]) == [old]
+
+    assert list(TaskLog.objects.values_list("task_id", flat=True)) == [kept]
+
+
+# -- in a worker ------------------------------------------------------------------------------
+
+
+def start_logging_worker(start_worker, *args: str, **env: str):
+    return start_worker(*args, env={"PGQUEUE_TEST_TASK_LOGS": "INFO", **env})
+
+
+def settled(task_id: int, state: str = "succeeded") -> bool:
+    return Task.objects.filter(pk=task_id, state=state).exists()
+
+
+def test_a_thread_mode_worker_keeps_each_attempts_records(start_worker):
+    worker = start_logging_worker(start_worker)
+    task_id = tasks.logs_two.enqueue(11)
+
+    wait_until(lambda: settled(task_id), 30, message="the task to succeed")
+
+    (attempt,) = operations.task_logs(task_id)
+    assert messages(attempt) == ["charging order 11", "card declined for order 11"]
+    # Keeping them did not silence the warning, whose logger has no handler of its own
+    # (Python writes it to stderr then)
+    assert "card declined for order 11" in worker.log()
+
+
+def test_a_process_mode_worker_keeps_the_records_its_handler_process_logged(start_worker):
+    start_logging_worker(start_worker, "--execution", "process", "--concurrency", "1")
+    task_id = tasks.logs_two.enqueue(12)
+
+    wait_until(lambda: settled(task_id), 60, message="the task to succeed")
+
+    (attempt,) = operations.task_logs(task_id)
+    assert messages(attempt) == ["charging order 12", "card declined for order 12"]
+
+
+@pytest.mark.parametrize("execution", ["thread", "process"])
+def test_an_async_handlers_records_are_kept(start_worker, execution):
+    start_logging_worker(start_worker, "--execution", execution, "--concurrency", "1")
+    task_id = tasks.logs_async.enqueue(13)
+
+    wait_until(lambda: settled(task_id), 60, message="the task to succeed")
+
+    (attempt,) = operations.task_logs(task_id)
+    assert messages(attempt) == ["async handler starts order 13", "async handler ends order 13"]
+
+
+def test_a_worker_keeps_a_retried_tasks_attempts_apart(start_worker):
+    start_logging_worker(start_worker)
+    task_id = tasks.fails_then_succeeds.enqueue()
+
+    wait_until(lambda: settled(task_id), 30, message="the task to succeed")
+
+    one, two = operations.task_logs(task_id)
+    executions = Task.objects.get(pk=task_id).executions
+    assert [(a.attempt, a.lease_token) for a in (one, two)] == [
+        (e["attempt"], e["token"]) for e in executions
+    ]
+    assert messages(one) == ["attempt 1 begins", "attempt 1 failed"]
+    assert messages(two) == ["attempt 2 begins", "attempt 2 succeeds"]
+
+
+def test_a_paused_workers_late_records_are_not_stored_over_the_next_attempts(start_worker):
+    # given: worker A runs attempt 1, logs, and is stopped (SIGSTOP) in its handler
+    stale = start_logging_worker(start_worker, "--lease", "2", "--heartbeat", "0.5")
+    task_id = tasks.logs_then_waits.enqueue(3.0)
+    wait_until(lambda: settled(task_id, "running"), 30, message="worker A to claim it")
+    stale.signal(signal.SIGSTOP)
+    try:
+        # when: its lease lapses, worker B runs attempt 2 to its end, and A resumes,
+        # finishes attempt 1 and settles it
+        start_logging_worker(start_worker, "--lease", "2", "--heartbeat", "0.5")
+        wait_until(lambda: settled(task_id), 60, message="attempt 2 to succeed")
+    finally:
+        stale.signal(signal.SIGCONT)
+    wait_until(lambda: "lease lost before settlement" in stale.log(), 30,
+               message="worker A's settlement to be refused")  # fmt: skip
+
+    # then: only attempt 2's records are stored, under its own lease
+    (attempt,) = operations.task_logs(task_id)
+    (settlement,) = [e for e in Task.objects.get(pk=task_id).executions
+                     if e["source"] == "settle"]  # fmt: skip
+    assert (attempt.attempt, attempt.lease_token) == (2, settlement["token"])
+    assert messages(attempt) == [f"attempt 2 in process {row_pid(task_id)}"]
+
+
+def row_pid(task_id: int) -> int:
+    return Task.objects.get(pk=task_id).result
