@@ -99,8 +99,8 @@ def server_info() -> dict[str, Any]:
 def reset_queue() -> None:
     with raw_connection() as conn:
         conn.execute(
-            "TRUNCATE pgqueue_task, pgqueue_dependency, pgqueue_worker, pgqueue_queue, "
-            "pgqueue_key_rate"
+            "TRUNCATE pgqueue_task, pgqueue_task_log, pgqueue_dependency, pgqueue_worker, "
+            "pgqueue_queue, pgqueue_key_rate"
         )
 
 
@@ -597,6 +597,19 @@ def enqueue_inserts(total: int, how: str) -> None:
     }[how]
     for start in range(0, total, 1000):
         call.enqueue_many(range(start, min(total, start + 1000)))
+
+
+def enqueue_chatty(total: int) -> None:
+    """``total`` tasks that each log two INFO records (W2a-tasklogs)."""
+    from benchmarks.tasks import chatty
+
+    for start in range(0, total, 1000):
+        chatty.enqueue_many(range(start, min(total, start + 1000)))
+
+
+def task_log_rows() -> int:
+    with raw_connection() as conn:
+        return conn.execute("SELECT count(*) FROM pgqueue_task_log").fetchone()[0]
 
 
 def inserted_rows() -> int:
@@ -1131,7 +1144,8 @@ def main(argv: list[str] | None = None) -> int:
         "W2a-keys (10,000 keys with a per-key rate or concurrency that does not bind, and "
         "the claim alone), "
         "W2a-atomic (tasks that insert one row, plain against atomic=True), "
-        "W2a-middleware (one no-op task middleware), W2a-otel (OpenTelemetry's SDK against "
+        "W2a-middleware (one no-op task middleware), W2a-tasklogs (tasks logging two "
+        "records, with TASK_LOGS against without), W2a-otel (OpenTelemetry's SDK against "
         "no opentelemetry); W3-latency is W3's idle latency without its idle workers "
         "of other queues; W9 is "
         "waiting work: a chord's fan-in against a plain drain, and a chain",
@@ -1393,6 +1407,21 @@ def main(argv: list[str] | None = None) -> int:
             "x",
             target=">= 0.9",
             check=lambda v, r: v >= 0.9,
+        ),
+        "w2a_chatty": Row(
+            "w2a_chatty",
+            f"W2a drain {n:,} tasks logging two INFO records each, 1 process",
+            "tasks/s",
+        ),
+        "w2a_tasklogs": Row(
+            "w2a_tasklogs",
+            f"W2a drain {n:,} tasks logging two INFO records each, 1 process, TASK_LOGS",
+            "tasks/s",
+            ratio_to="w2a_chatty",
+        ),
+        # One ratio per run (the two drains back to back).
+        "w2a_tasklogs_ratio": Row(
+            "w2a_tasklogs_ratio", "W2a-tasklogs rate / the same drain without, same run", "x"
         ),
         "w2a_middleware": Row(
             "w2a_middleware",
@@ -1715,6 +1744,17 @@ def main(argv: list[str] | None = None) -> int:
                 rates[how] = d["rate"]
                 record(key, d["rate"], d)
             record("w2a_atomic_ratio", rates["atomic"] / rates["plain"], {})
+        if "W2A-TASKLOGS" in only:
+            rates = {}
+            for level, key in ((None, "w2a_chatty"), ("INFO", "w2a_tasklogs")):
+                env = {"PGQUEUE_BENCH_TASK_LOGS": level} if level else {}
+                d = drain(n, 1, enqueue=lambda: enqueue_chatty(n), env=env)
+                d["task_log_rows"] = task_log_rows()
+                expected = n if level else 0
+                assert d["task_log_rows"] == expected, f"W2a-tasklogs: {d['task_log_rows']} rows"
+                rates[key] = d["rate"]
+                record(key, d["rate"], d)
+            record("w2a_tasklogs_ratio", rates["w2a_tasklogs"] / rates["w2a_chatty"], {})
         if "W2A-MIDDLEWARE" in only:
             d = drain(n, 1, env={"PGQUEUE_BENCH_MIDDLEWARE": "1"})
             record("w2a_middleware", d["rate"], d)

@@ -69,6 +69,8 @@ PGQUEUE = {
     }
     if os.environ.get("PGQUEUE_BENCH_LIMITS")
     else {},
+    # W2a-tasklogs: the handlers' records kept with their tasks, at this level.
+    "TASK_LOGS": os.environ.get("PGQUEUE_BENCH_TASK_LOGS") or None,
 }
 
 # W2a-middleware: one no-op task middleware (benchmarks/middleware.py).
@@ -123,5 +125,10 @@ LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
     "handlers": {"console": {"class": "logging.StreamHandler"}},
-    "loggers": {"django_pgqueue": {"handlers": ["console"], "level": "WARNING"}},
+    "loggers": {
+        "django_pgqueue": {"handlers": ["console"], "level": "WARNING"},
+        # W2a-tasklogs: benchmarks.tasks.chatty's records are made (and written nowhere
+        # but to the tasks' logs, with TASK_LOGS).
+        "benchmarks.tasks": {"level": "INFO"},
+    },
 }

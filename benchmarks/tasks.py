@@ -1,7 +1,8 @@
 """The benchmark's tasks: a no-op taking one int, probes that report when they ran,
-a chord's callback (W9), and handlers that touch the database (connections, and
-W2a-atomic's one insert per task)."""
+a chord's callback (W9), handlers that touch the database (connections, and
+W2a-atomic's one insert per task), and one that logs (W2a-tasklogs)."""
 
+import logging
 import time
 
 from django.db import connection, transaction
@@ -62,3 +63,13 @@ def insert_row_in_transaction(n: int) -> None:
     what a transaction costs, without the settle in it)."""
     with transaction.atomic():
         insert_row.func(n)
+
+
+log = logging.getLogger(__name__)
+
+
+@task
+def chatty(n: int) -> None:
+    """Logs two INFO records (W2a-tasklogs: drained with TASK_LOGS and without)."""
+    log.info("handling %s", n)
+    log.info("handled %s", n)

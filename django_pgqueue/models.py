@@ -7,6 +7,9 @@ from that file's comments, so keep them stable.
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
+from typing import Any
+
 from django.db import models
 from django.db.models import Q
 from django.db.models.functions import Now
@@ -245,8 +248,9 @@ class TaskLog(models.Model):
     docs/logging.md): one row per attempt that logged, written by its settlement, in
     the same statement and only if that settlement passed the fence (sql: settle).
 
-    ``records``: a JSON list, oldest first, of {"time", "level", "logger", "message"}
-    and "exception" (the traceback) when the record carried one: the attempt's newest
+    ``records``: a JSON list, oldest first, of {"time" (seconds since the epoch),
+    "level", "logger", "message"} and "exception" (the traceback) when the record
+    carried one (``entries`` gives their time as a datetime): the attempt's newest
     records within TASK_LOG_RECORDS and TASK_LOG_BYTES; ``dropped`` counts those left
     out. ``bytes`` is the size of ``records`` (about their JSON's), for the task's own
     budget (TASK_LOG_TASK_BYTES). ``lease_token`` names the execution, as the task's
@@ -268,6 +272,16 @@ class TaskLog(models.Model):
 
     def __str__(self) -> str:
         return f"task {self.task_id} attempt {self.attempt}: {len(self.records)} record(s)"
+
+    def entries(self) -> list[dict[str, Any]]:
+        """The records, each with its ``time`` as an aware datetime (UTC)."""
+        entries = []
+        for record in self.records:
+            entry = dict(record)
+            if isinstance(entry.get("time"), int | float):
+                entry["time"] = datetime.fromtimestamp(entry["time"], UTC)
+            entries.append(entry)
+        return entries
 
 
 class Queue(models.Model):

@@ -12,7 +12,6 @@ caller that must see what it just wrote reads ``using=DATABASE``.
 
 from __future__ import annotations
 
-import contextlib
 import json
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -86,18 +85,11 @@ def task_logs(task_id: int, database: str | None = None) -> list[AttemptLogs]:
             attempt=row.attempt,
             lease_token=str(row.lease_token),
             settled_at=row.created_at,
-            records=[_log_record(record) for record in row.records],
+            records=row.entries(),
             dropped=row.dropped,
         )
         for row in rows
     ]
-
-
-def _log_record(stored: dict[str, Any]) -> dict[str, Any]:
-    record = dict(stored)
-    with contextlib.suppress(KeyError, TypeError, ValueError):  # else as written
-        record["time"] = datetime.fromisoformat(stored["time"])
-    return record
 
 
 def cancel(

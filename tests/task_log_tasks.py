@@ -51,7 +51,7 @@ def logs_many(count: int, size: int) -> None:
 
 @task
 def logs_bad_text() -> None:
-    log.info("a NUL \x00 here, bytes that were not UTF-8 \udcff\udcfe there")
+    log.info("a NUL \x00 here")
     log.info("%s", "y" * 100_000)
 
 

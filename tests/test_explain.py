@@ -228,3 +228,43 @@ def test_worker_connections_cannot_plan_a_sort_or_bitmap_scan_of_the_backlog(pg)
     )
 
     assert settings == {"enable_sort": "off", "enable_bitmapscan": "off", "jit": "off"}
+
+
+def test_prune_and_settle_reach_task_logs_by_index_under_a_long_history(session):
+    # Given 50,000 succeeded rows past their time to live, each with a row of logs, 10
+    # running ones, and statistics that say so
+    session.execute(
+        "INSERT INTO pgqueue_task (queue, task_name, state, finished_at) "
+        "SELECT 'default', 'tests.tasks.noop', 'succeeded', now() - interval '2 hours' "
+        "FROM generate_series(1, %(rows)s)",
+        {"rows": ROWS},
+    )
+    session.execute(
+        "INSERT INTO pgqueue_task_log (task_id, attempt, lease_token, records, bytes) "
+        "SELECT id, 1, gen_random_uuid(), '[]', 100 FROM pgqueue_task"
+    )
+    session.execute(
+        "INSERT INTO pgqueue_task (queue, task_name, state, attempt, lease_token, "
+        "lease_expires_at) SELECT 'default', 'tests.tasks.noop', 'running', 1, "
+        "gen_random_uuid(), now() + interval '1 minute' FROM generate_series(1, 10)"
+    )
+    session.execute("VACUUM ANALYZE pgqueue_task")
+    session.execute("VACUUM ANALYZE pgqueue_task_log")
+    running = session.execute(
+        "SELECT id, lease_token::text FROM pgqueue_task WHERE state = 'running'"
+    ).fetchall()
+    outcomes = [
+        {"id": id_, "attempt": 1, "token": token, "label": "success", "state": "succeeded",
+         "log_records": [{"message": "hi"}], "log_bytes": 100, "log_task_bytes": 1000}
+        for id_, token in running
+    ]  # fmt: skip
+
+    # When a batch of 500 is pruned, and a batch of 10 settled with their records
+    pruned = analyze(session, "prune", {"result_ttl": 3600, "dead_ttl": 3600, "batch": 500})
+    settled = analyze(session, "settle", {"outcomes": json.dumps(outcomes),
+                                          "limit_queues": [], "limit_concurrency": []})  # fmt: skip
+
+    # Then neither scans the logs: they go by pgqueue_task_log_task
+    for plan in (pruned, settled):
+        assert "Seq Scan pgqueue_task_log" not in node_types(plan), node_types(plan)
+    assert buffers(pruned) < 500 * 12, buffers(pruned)

@@ -192,19 +192,30 @@ def test_text_postgresql_cannot_store_is_escaped_and_the_task_is_settled(pg, kee
     assert row(pg, task_id)["state"] == "succeeded"
     (attempt,) = operations.task_logs(task_id)
     nul, long = messages(attempt)
-    assert "a NUL \\x00 here" in nul
-    assert "\\udcff\\udcfe there" in nul
+    assert nul == "a NUL \\x00 here"
     assert long.startswith("y" * 4000) and long.endswith(f" [{100_000 - 4096} bytes cut]")
 
 
-def test_a_record_whose_arguments_do_not_format_is_kept_with_a_note():
+# Records made by hand, kept without a handler: pytest's own log capture (and its
+# workers' reports) would choke on them.
+def kept_message(msg: str, args: tuple) -> str:
     log = task_logs.AttemptLog(task_logs.Limits(records=10, bytes=65536, task_bytes=None))
-    record = logging.LogRecord(LOGGER, logging.INFO, __file__, 1, "%d orders", ("seven",), None)
-
-    log.add(record)
-
+    log.add(logging.LogRecord(LOGGER, logging.INFO, __file__, 1, msg, args, None))
     (kept,) = log.take()["records"]
-    assert kept["message"] == (
+    return kept["message"]
+
+
+def test_text_that_was_not_utf8_is_kept_backslash_escaped_and_stores(pg):
+    not_utf8 = b"\xff\xfe".decode(errors="surrogateescape")
+
+    message = kept_message("bytes that were not UTF-8: %s", (not_utf8,))
+
+    assert message == "bytes that were not UTF-8: \\udcff\\udcfe"
+    pg.execute("SELECT %s::jsonb", [json.dumps([message])])  # PostgreSQL takes it
+
+
+def test_a_record_whose_arguments_do_not_format_is_kept_with_a_note():
+    assert kept_message("%d orders", ("seven",)) == (
         "%d orders [its arguments did not format: TypeError: %d format: a real number is "
         "required, not str]"
     )
@@ -413,3 +424,109 @@ def test_a_paused_workers_late_records_are_not_stored_over_the_next_attempts(sta
 
 def row_pid(task_id: int) -> int:
     return Task.objects.get(pk=task_id).result
+
+
+# -- where they are shown ------------------------------------------------------------------------
+
+SECRET = "ann.secret@example.com"
+
+
+@pytest.fixture
+def logged_task(pg, keep_logs) -> int:
+    """A task whose attempt logged a record with an exception, and three dropped."""
+    keep_logs("INFO", records=2)
+    task_id = tasks.logs_many.enqueue(4, 0)
+    run_once(pg)
+    TaskLog.objects.filter(task_id=task_id).update(records=[
+        {"time": 1746177243.512, "level": "INFO", "logger": LOGGER,
+         "message": f"mailing {SECRET}"},
+        {"time": 1746177243.53, "level": "ERROR", "logger": LOGGER,
+         "message": "mail refused", "exception": "Traceback (most recent call last):\n"
+         "SMTPRecipientsRefused: nope"},
+    ])  # fmt: skip
+    return task_id
+
+
+def test_the_task_page_shows_each_attempts_records_and_what_was_dropped(
+    admin_client, logged_task
+):
+    page = admin_client.get(
+        reverse("admin:django_pgqueue_task_change", args=[logged_task])
+    ).content.decode()
+
+    assert "Attempt 1" in page
+    assert f"mailing {SECRET}" in page
+    assert "SMTPRecipientsRefused: nope" in page
+    assert "2 earlier record(s) dropped" in page
+    assert '<tr class="pgqueue-level-error">' in page
+
+
+def test_with_admin_show_payloads_false_the_task_page_hides_the_records(
+    admin_client, logged_task
+):
+    with override_settings(PGQUEUE={"ADMIN_SHOW_PAYLOADS": False}):
+        page = admin_client.get(
+            reverse("admin:django_pgqueue_task_change", args=[logged_task])
+        ).content.decode()
+
+    assert SECRET not in page
+    assert "mail refused" not in page
+    assert "Attempt 1" in page and "2 record(s)" in page  # what there is, not what it says
+    assert 'hidden (PGQUEUE["ADMIN_SHOW_PAYLOADS"] is False)' in page
+
+
+def test_the_task_page_shows_no_logs_section_without_task_logs_or_records(admin_client):
+    task_id = tasks.logs_two.enqueue(1)
+
+    page = admin_client.get(
+        reverse("admin:django_pgqueue_task_change", args=[task_id])
+    ).content.decode()
+
+    assert "log records (per attempt)" not in page
+
+
+def test_pgqueue_status_shows_a_tasks_records_with_task_and_logs(logged_task, capsys):
+    call_command("pgqueue_status", "--task", str(logged_task), "--logs")
+
+    out = capsys.readouterr().out
+    assert f"task {logged_task}: {tasks.logs_many.name}@1 on queue default" in out
+    assert "state: succeeded (attempt 1 of 3)" in out
+    assert "attempt 1 (lease " in out and "2 record(s), 2 earlier dropped" in out
+    assert f"09:14:03.512 INFO     {LOGGER}: mailing {SECRET}" in out
+    assert "      SMTPRecipientsRefused: nope" in out
+
+
+def test_pgqueue_status_task_json_carries_the_records(logged_task, capsys):
+    call_command("pgqueue_status", "--task", str(logged_task), "--logs", "--json")
+
+    shown = json.loads(capsys.readouterr().out)
+    assert shown["task"]["id"] == logged_task
+    (attempt,) = shown["logs"]
+    assert (attempt["attempt"], attempt["dropped"]) == (1, 2)
+    assert [r["message"] for r in attempt["records"]] == [f"mailing {SECRET}", "mail refused"]
+
+
+def test_pgqueue_status_without_logs_shows_the_task_only(logged_task, capsys):
+    call_command("pgqueue_status", "--task", str(logged_task))
+
+    out = capsys.readouterr().out
+    assert "state: succeeded" in out
+    assert SECRET not in out
+
+
+def test_pgqueue_status_refuses_an_unknown_task_and_logs_without_a_task():
+    with pytest.raises(CommandError, match="no task with id 424242"):
+        call_command("pgqueue_status", "--task", "424242", "--logs")
+    with pytest.raises(CommandError, match="--logs and --database go with --task ID"):
+        call_command("pgqueue_status", "--logs")
+
+
+def test_a_check_warns_when_the_root_loggers_level_is_above_task_logs():
+    with override_settings(PGQUEUE={"TASK_LOGS": "INFO"}):
+        messages = [m for m in check_settings(None) if m.id == "django_pgqueue.W009"]
+    with override_settings(PGQUEUE={"TASK_LOGS": "WARNING"}):
+        fine = [m for m in check_settings(None) if m.id == "django_pgqueue.W009"]
+
+    (message,) = messages  # the test settings leave the root logger at WARNING
+    assert "TASK_LOGS is 'INFO' and the root logger's level is WARNING" in message.msg
+    assert fine == []

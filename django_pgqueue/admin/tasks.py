@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 import psycopg
@@ -204,11 +205,12 @@ def _log_records_table(records: list[dict[str, Any]]) -> str:
     rows = []
     for record in records:
         exception = record.get("exception")
+        moment = record.get("time")
         rows.append(
             (
                 str(record.get("level", "")).lower(),
-                record.get("time", ""),
-                str(record.get("time", ""))[11:23],
+                moment.isoformat() if isinstance(moment, datetime) else moment,
+                moment.strftime("%H:%M:%S.%f")[:-3] if isinstance(moment, datetime) else moment,
                 record.get("level", ""),
                 record.get("logger", ""),
                 record.get("message", ""),
@@ -935,7 +937,7 @@ class TaskAdmin(WithoutDeleteSelected, ForgedInputMixin, admin.ModelAdmin):
                     row.created_at.isoformat(timespec="seconds"),
                     len(row.records),
                     dropped,
-                    _log_records_table(row.records) if shown else HIDDEN,
+                    _log_records_table(row.entries()) if shown else HIDDEN,
                 )
             )
         return format_html_join("", "{}", ((part,) for part in parts))

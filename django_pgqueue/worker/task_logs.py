@@ -30,7 +30,6 @@ import threading
 import traceback
 from collections import deque
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from django_pgqueue.worker.logging import current_lease
@@ -66,14 +65,14 @@ class AttemptLog:
     def __init__(self, limits: Limits) -> None:
         self._limits = limits
         self._lock = threading.Lock()
-        self._records: deque[tuple[dict[str, str], int]] = deque()
+        self._records: deque[tuple[dict[str, Any], int]] = deque()
         self._bytes = 0
         self._dropped = 0
         self._taken: dict[str, Any] | None = None
 
     def add(self, record: logging.LogRecord) -> None:
         try:
-            kept: tuple[dict[str, str], int] | None = _entry(record)
+            kept: tuple[dict[str, Any], int] | None = _entry(record)
         except Exception:  # a record that cannot be read must not fail the logging call
             kept = None
         with self._lock:
@@ -183,7 +182,7 @@ def take(task: ClaimedTask) -> dict[str, Any] | None:
     return task.logs.take()
 
 
-def _entry(record: logging.LogRecord) -> tuple[dict[str, str], int]:
+def _entry(record: logging.LogRecord) -> tuple[dict[str, Any], int]:
     """The stored form of a record, and its size in bytes (about its JSON's)."""
     try:
         message = record.getMessage()
@@ -191,8 +190,8 @@ def _entry(record: logging.LogRecord) -> tuple[dict[str, str], int]:
         message = f"{record.msg!s} [its arguments did not format: {type(exc).__name__}: {exc}]"
     message, size = _clean(message, MESSAGE_BYTES, keep_end=False)
     logger, logger_size = _clean(record.name, LOGGER_BYTES, keep_end=False)
-    entry = {
-        "time": datetime.fromtimestamp(record.created, UTC).isoformat(timespec="milliseconds"),
+    entry: dict[str, Any] = {
+        "time": round(record.created, 6),  # seconds since the epoch: no formatting here
         "level": record.levelname,
         "logger": logger,
         "message": message,
