@@ -341,8 +341,8 @@ def test_deleting_a_finished_task_deletes_its_records(pg, keep_logs):
 # -- in a worker ------------------------------------------------------------------------------
 
 
-def start_logging_worker(start_worker, *args: str, **env: str):
-    return start_worker(*args, env={"PGQUEUE_TEST_TASK_LOGS": "INFO", **env})
+def start_logging_worker(start_worker, *args: str, env: dict[str, str] | None = None):
+    return start_worker(*args, env={"PGQUEUE_TEST_TASK_LOGS": "INFO", **(env or {})})
 
 
 def settled(task_id: int, state: str = "succeeded") -> bool:
@@ -360,6 +360,16 @@ def test_a_thread_mode_worker_keeps_each_attempts_records(start_worker):
     # Keeping them did not silence the warning, whose logger has no handler of its own
     # (Python writes it to stderr then)
     assert "card declined for order 11" in worker.log()
+
+
+def test_keeping_only_errors_does_not_silence_a_warning_either(start_worker):
+    worker = start_logging_worker(start_worker, env={"PGQUEUE_TEST_TASK_LOGS": "ERROR"})
+    task_id = tasks.logs_two.enqueue(21)
+
+    wait_until(lambda: settled(task_id), 30, message="the task to succeed")
+
+    assert operations.task_logs(task_id) == []  # nothing at ERROR
+    assert "card declined for order 21" in worker.log()
 
 
 def test_a_process_mode_worker_keeps_the_records_its_handler_process_logged(start_worker):

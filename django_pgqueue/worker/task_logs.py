@@ -107,20 +107,27 @@ class AttemptLog:
 
 
 class TaskLogHandler(logging.Handler):
-    """Routes each record to the log of the attempt running in its context, if any.
+    """Routes each record at ``keep_level`` or above to the log of the attempt running
+    in its context, if any.
 
     ``handle`` is overridden to take no lock of the handler's own: every slot logs
     through this one handler, and each attempt's log has its lock.
 
     Python writes a record that finds no handler at all to stderr (``logging.lastResort``,
-    WARNING and above). This handler on the root logger would count as one: for such a
-    record it calls ``lastResort`` itself, so that keeping task logs does not silence
-    the warnings of a project whose LOGGING gives the root logger no handler."""
+    WARNING and above). This handler on the root logger counts as one, whatever its
+    level: for such a record it calls ``lastResort`` itself, so that keeping task logs
+    does not silence the warnings of a project whose LOGGING gives the root logger no
+    handler. (So its own level stays NOTSET, and ``keep_level`` is TASK_LOGS.)"""
+
+    def __init__(self, keep_level: int) -> None:
+        super().__init__()
+        self.keep_level = keep_level
 
     def handle(self, record: logging.LogRecord) -> bool:
-        task = current_lease.get()
-        if task is not None and task.logs is not None:
-            task.logs.add(record)
+        if record.levelno >= self.keep_level:
+            task = current_lease.get()
+            if task is not None and task.logs is not None:
+                task.logs.add(record)
         last_resort = logging.lastResort
         if last_resort is not None and record.levelno >= last_resort.level and self._alone(record):
             last_resort.handle(record)
@@ -154,10 +161,11 @@ def install(level: str | None, records: int, max_bytes: int, task_bytes: int | N
             _handler = None
         return
     _limits = Limits(records, max_bytes, task_bytes)
+    keep_level = logging.getLevelName(level)
     if _handler is None:
-        _handler = TaskLogHandler()
+        _handler = TaskLogHandler(keep_level)
         logging.getLogger().addHandler(_handler)
-    _handler.setLevel(level)
+    _handler.keep_level = keep_level
 
 
 def install_from_settings() -> None:
