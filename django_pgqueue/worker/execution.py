@@ -93,7 +93,6 @@ def execute(
         # On the runner's loop, as an async slot runs it (in process mode's children).
         return async_runner.result(execute_async(task, database))
     marker = current_lease.set(task)
-    task_logs.begin(task)
     try:
         outcome = _execute(task, database, recycle_connections, renewed_lease)
     finally:
@@ -156,7 +155,6 @@ async def execute_async(
     async slot, see async_slots.py): the same outcomes, the timeout by ``wait_for``.
     Never raises. ``recycle_connections``: as for ``execute``."""
     marker = current_lease.set(task)
-    task_logs.begin(task)
     try:
         outcome = await _execute_async(task, database, recycle_connections)
     finally:

@@ -18,9 +18,11 @@ beginning) and ``EXCEPTION_BYTES`` (its end, where the exception is), NUL writte
 stores. An attempt keeps its newest ``TASK_LOG_RECORDS`` records within
 ``TASK_LOG_BYTES``: the older ones are dropped, and counted.
 
-When the attempt ends, ``take`` closes its log (records that come later are ignored)
-and the outcome carries what it kept to the settlement, which stores it in
-pgqueue_task_log in the same fenced statement (sql: settle).
+An attempt's log is made at its first record: an attempt that logs nothing (at
+TASK_LOGS and above) costs nothing. When the attempt ends, ``take`` closes its log
+(records that come later are ignored) and the outcome carries what it kept to the
+settlement, which stores it in pgqueue_task_log in the same fenced statement (sql:
+settle).
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from django_pgqueue.conf import get_settings
 from django_pgqueue.worker.logging import current_lease
 
 if TYPE_CHECKING:
@@ -119,15 +122,16 @@ class TaskLogHandler(logging.Handler):
     does not silence the warnings of a project whose LOGGING gives the root logger no
     handler. (So its own level stays NOTSET, and ``keep_level`` is TASK_LOGS.)"""
 
-    def __init__(self, keep_level: int) -> None:
+    def __init__(self, keep_level: int, limits: Limits) -> None:
         super().__init__()
         self.keep_level = keep_level
+        self.limits = limits
 
     def handle(self, record: logging.LogRecord) -> bool:
         if record.levelno >= self.keep_level:
             task = current_lease.get()
-            if task is not None and task.logs is not None:
-                task.logs.add(record)
+            if task is not None:
+                _log_of(task, self.limits).add(record)
         last_resort = logging.lastResort
         if last_resort is not None and record.levelno >= last_resort.level and self._alone(record):
             last_resort.handle(record)
@@ -146,45 +150,50 @@ class TaskLogHandler(logging.Handler):
         return True
 
 
-_limits: Limits | None = None
 _handler: TaskLogHandler | None = None
 
 
 def install(level: str | None, records: int, max_bytes: int, task_bytes: int | None) -> None:
     """Keep the handlers' records in this process from now on, at ``level`` and above
     (``TASK_LOGS``; None: keep none). Attaches the handler to the root logger once."""
-    global _limits, _handler
+    global _handler
     if level is None:
-        _limits = None
         if _handler is not None:
             logging.getLogger().removeHandler(_handler)
             _handler = None
         return
-    _limits = Limits(records, max_bytes, task_bytes)
-    keep_level = logging.getLevelName(level)
+    keep_level, limits = logging.getLevelName(level), Limits(records, max_bytes, task_bytes)
     if _handler is None:
-        _handler = TaskLogHandler(keep_level)
+        _handler = TaskLogHandler(keep_level, limits)
         logging.getLogger().addHandler(_handler)
-    _handler.keep_level = keep_level
+    _handler.keep_level, _handler.limits = keep_level, limits
 
 
 def install_from_settings() -> None:
     """``install`` with the TASK_LOGS settings."""
-    from django_pgqueue.conf import get_settings
-
     conf = get_settings()
     install(conf.TASK_LOGS, conf.TASK_LOG_RECORDS, conf.TASK_LOG_BYTES, conf.TASK_LOG_TASK_BYTES)
 
 
-def begin(task: ClaimedTask) -> None:
-    """Give the attempt a log, if this process keeps them (before its handler runs)."""
-    if _limits is not None and task.logs is None:
-        task.logs = AttemptLog(_limits)
+# Taken to give an attempt its log, at its first record: once per attempt that logs.
+_new_log = threading.Lock()
+
+
+def _log_of(task: ClaimedTask, limits: Limits) -> AttemptLog:
+    """The attempt's log, made at its first record (an attempt that logs nothing
+    costs nothing)."""
+    log = task.logs
+    if log is None:
+        with _new_log:
+            log = task.logs
+            if log is None:
+                log = task.logs = AttemptLog(limits)
+    return log
 
 
 def take(task: ClaimedTask) -> dict[str, Any] | None:
-    """The attempt's log, closed: records, dropped, bytes and task_bytes for the
-    outcome; None if it kept nothing (or this process keeps no logs)."""
+    """The attempt's log, closed (records that come later are ignored): records,
+    dropped, bytes and task_bytes for the outcome; None if it kept nothing."""
     if task.logs is None:
         return None
     return task.logs.take()
