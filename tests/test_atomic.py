@@ -17,7 +17,7 @@ import pytest
 from django.db import connection, transaction
 
 from django_pgqueue import InvalidTaskError, task
-from django_pgqueue.models import Task, TaskLog
+from django_pgqueue.models import Task
 from django_pgqueue.periodic import ScheduleDefinition
 from django_pgqueue.sql import QUERIES
 from django_pgqueue.testing import run_tasks
@@ -489,23 +489,20 @@ def test_an_atomic_suspension_commits_with_the_child_it_waits_for(mode):
 def test_settle_atomic_writes_a_success_as_settle_does(pg):
     from tests.sqlhelpers import claim, settle, success
 
-    # Given two claimed tasks, whose attempts logged the same records (TASK_LOGS)
+    # Given two claimed tasks
     plain_id, atomic_id = plain_effect.enqueue_many([(1,), (2,)])
     claimed = {t.id: t for t in claim(pg, limit=2)}
-    records = [{"time": 1746177243.5, "level": "INFO", "logger": "shop", "message": "hi"}]
 
     # When one succeeds through settle (the settler), the other through settle_atomic
-    assert settle(pg, [{**success(claimed[plain_id], result={"n": 1}), "log_records": records,
-                        "log_dropped": 3, "log_bytes": 100, "log_task_bytes": 1000}]) == {
+    assert settle(pg, [success(claimed[plain_id], result={"n": 1})]) == {
         plain_id: "succeeded"
-    }  # fmt: skip
+    }
     mine = claimed[atomic_id]
     written = pg.execute(QUERIES["settle_atomic"], {
         "id": mine.id, "attempt": mine.attempt, "token": mine.lease_token,
         "any_expiry": False, "result": '{"n": 1}', "save_checkpoint": False,
         "checkpoint": None, "save_progress": False, "progress": None,
-        "limit_queue": None, "limit_concurrency": None, "log_records": json.dumps(records),
-        "log_dropped": 3, "log_bytes": 100, "log_task_bytes": 1000,
+        "limit_queue": None, "limit_concurrency": None,
     }).fetchall()  # fmt: skip
 
     # Then both rows read the same, but for their ids, tokens and times
@@ -521,11 +518,6 @@ def test_settle_atomic_writes_a_success_as_settle_does(pg):
             assert entry.pop(own) is not None
         rows[row.id] = (fields, entry)
     assert rows[plain_id] == rows[atomic_id]
-    logs = {
-        log.task_id: (log.attempt, log.records, log.dropped, log.bytes)
-        for log in TaskLog.objects.filter(task_id__in=[plain_id, atomic_id])
-    }
-    assert logs[plain_id] == logs[atomic_id] == (1, records, 3, 100)
 
 
 @pytest.mark.django_db(transaction=True)
@@ -544,7 +536,6 @@ def test_settle_atomic_wakes_workers_when_its_queue_was_at_its_limit(pg, limit, 
         "any_expiry": False, "result": None, "save_checkpoint": False, "checkpoint": None,
         "save_progress": False, "progress": None,
         "limit_queue": None if limit is None else "default", "limit_concurrency": limit,
-        "log_records": None, "log_dropped": 0, "log_bytes": 0, "log_task_bytes": None,
     }).fetchall()  # fmt: skip
 
     # Then it notifies only when the queue was at its limit

@@ -230,9 +230,9 @@ def test_worker_connections_cannot_plan_a_sort_or_bitmap_scan_of_the_backlog(pg)
     assert settings == {"enable_sort": "off", "enable_bitmapscan": "off", "jit": "off"}
 
 
-def test_prune_and_settle_reach_task_logs_by_index_under_a_long_history(session):
+def test_prune_and_storing_task_logs_reach_them_by_index_under_a_long_history(session):
     # Given 50,000 succeeded rows past their time to live, each with a row of logs, 10
-    # running ones, and statistics that say so
+    # tasks just settled, and statistics that say so
     session.execute(
         "INSERT INTO pgqueue_task (queue, task_name, state, finished_at) "
         "SELECT 'default', 'tests.tasks.noop', 'succeeded', now() - interval '2 hours' "
@@ -248,23 +248,29 @@ def test_prune_and_settle_reach_task_logs_by_index_under_a_long_history(session)
         "lease_expires_at) SELECT 'default', 'tests.tasks.noop', 'running', 1, "
         "gen_random_uuid(), now() + interval '1 minute' FROM generate_series(1, 10)"
     )
-    session.execute("VACUUM ANALYZE pgqueue_task")
-    session.execute("VACUUM ANALYZE pgqueue_task_log")
     running = session.execute(
         "SELECT id, lease_token::text FROM pgqueue_task WHERE state = 'running'"
     ).fetchall()
-    outcomes = [
-        {"id": id_, "attempt": 1, "token": token, "label": "success", "state": "succeeded",
-         "log_records": [{"message": "hi"}], "log_bytes": 100, "log_task_bytes": 1000}
+    session.execute(QUERIES["settle"], {
+        "outcomes": json.dumps([{"id": id_, "attempt": 1, "token": token, "label": "success",
+                                 "state": "succeeded"} for id_, token in running]),
+        "limit_queues": [], "limit_concurrency": [],
+    })  # fmt: skip
+    session.execute("VACUUM ANALYZE pgqueue_task")
+    session.execute("VACUUM ANALYZE pgqueue_task_log")
+    logs = [
+        {"id": id_, "attempt": 1, "token": token, "records": [{"message": "hi"}],
+         "dropped": 0, "bytes": 100, "task_bytes": 1000}
         for id_, token in running
     ]  # fmt: skip
 
-    # When a batch of 500 is pruned, and a batch of 10 settled with their records
+    # When a batch of 500 is pruned, and the 10 settlements' records are stored
     pruned = analyze(session, "prune", {"result_ttl": 3600, "dead_ttl": 3600, "batch": 500})
-    settled = analyze(session, "settle", {"outcomes": json.dumps(outcomes),
-                                          "limit_queues": [], "limit_concurrency": []})  # fmt: skip
+    stored = analyze(session, "store_task_logs", {"logs": json.dumps(logs)})
 
-    # Then neither scans the logs: they go by pgqueue_task_log_task
-    for plan in (pruned, settled):
+    # Then neither scans the logs, nor the tasks: by pgqueue_task_log_task, by id
+    for plan in (pruned, stored):
         assert "Seq Scan pgqueue_task_log" not in node_types(plan), node_types(plan)
+        assert "Seq Scan pgqueue_task" not in node_types(plan), node_types(plan)
+    assert stored["Actual Rows"] == 10  # every settled attempt stored
     assert buffers(pruned) < 500 * 12, buffers(pruned)

@@ -260,6 +260,20 @@ def test_a_stale_attempts_records_are_not_stored_and_the_current_ones_are(pg, ke
     assert (attempt.attempt, attempt.lease_token) == (2, current.lease_token)
 
 
+def test_storing_an_attempts_records_again_stores_nothing_more(pg, keep_logs):
+    # given: an attempt settled with its records (as a settlement replayed after its
+    # reply was lost would find it)
+    keep_logs("INFO")
+    task_id = tasks.logs_two.enqueue(8)
+    _, outcome = run_once(pg)
+
+    # when: they are stored again
+    task_logs.store(pg.execute, [outcome])
+
+    # then: the attempt has its one row
+    assert TaskLog.objects.filter(task_id=task_id).count() == 1
+
+
 def test_an_atomic_success_stores_its_records_in_its_own_transaction(pg, keep_logs):
     keep_logs("INFO")
     task_id = tasks.logs_atomically.enqueue(9)

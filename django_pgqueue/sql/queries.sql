@@ -24,7 +24,7 @@
 --   pgqueue_key_rate: PRIMARY KEY (queue, key): one row per key with a per-key rate
 --   pgqueue_task_unique_key (unique_key, enqueued_at)         WHERE unique_key IS NOT NULL
 --   pgqueue_task_log: pgqueue_task_log_task (task_id, id): the log records of a task's
---                     attempts (TASK_LOGS), written by settle, deleted with the task
+--                     attempts (TASK_LOGS, store_task_logs), deleted with the task
 --
 -- States: 'scheduled' rows are due later and sit outside the claim's indexes; the
 -- stager makes them 'pending' when due, so every pending row is due.
@@ -1270,20 +1270,13 @@ SELECT pg_advisory_unlock_shared(1885827329, c) FROM unnest(%(channels)s::int[])
 -- * Times are statement_timestamp(): the settler runs this in autocommit, where it is
 --   now(); an atomic task runs it as the last statement of its handler's transaction
 --   (after hold_lease), whose now() is the handler's start.
--- * An outcome with log records (TASK_LOGS, docs/logging.md) stores them as a row of
---   pgqueue_task_log, only for a settlement this statement wrote (logged joins
---   settled, whose rows passed the fence): a stale attempt's records are never stored,
---   and a replay finds the lease gone and stores nothing twice. Past the row's
---   log_task_bytes, the task's older rows go (trimmed_logs: it sees the table as the
---   statement began, so it counts the new row's bytes itself), by pgqueue_task_log_task.
 WITH v AS (
     SELECT *
       FROM jsonb_to_recordset(%(outcomes)s::jsonb) AS v(
                id bigint, attempt int, token uuid, label text, state text, result jsonb,
                error jsonb, delay float8, attempt_reset bool, attempt_refund bool,
                checkpoint jsonb, save_checkpoint bool, wait_reason text, wait_signal text,
-               wait_seconds float8, log_records jsonb, log_dropped int, log_bytes int,
-               log_task_bytes int)
+               wait_seconds float8)
 ),
 waits AS MATERIALIZED (
     SELECT d.child_id
@@ -1351,32 +1344,6 @@ settled AS (
        AND v.id = m.id AND v.attempt = m.held_attempt AND v.token = m.held_token
     RETURNING t.id, m.held_attempt, m.held_token, t.queue, t.state, t.concurrency_key
 ),
-logged AS MATERIALIZED (
-    SELECT s.id, s.held_attempt, s.held_token, v.log_records, v.log_dropped, v.log_bytes,
-           v.log_task_bytes
-      FROM settled AS s
-      JOIN v ON v.id = s.id AND v.attempt = s.held_attempt AND v.token = s.held_token
-     WHERE v.log_records IS NOT NULL
-),
-stored_logs AS (
-    INSERT INTO pgqueue_task_log (task_id, attempt, lease_token, records, dropped, bytes,
-                                  created_at)
-    SELECT id, held_attempt, held_token, log_records, COALESCE(log_dropped, 0),
-           COALESCE(log_bytes, 0), statement_timestamp()
-      FROM logged
-),
-trimmed_logs AS (
-    DELETE FROM pgqueue_task_log AS l
-     WHERE l.id = ANY (ARRAY(
-               SELECT o.id
-                 FROM (SELECT o.id, n.log_bytes, n.log_task_bytes,
-                              sum(o.bytes) OVER (PARTITION BY o.task_id ORDER BY o.id DESC)
-                                  AS newer_bytes
-                         FROM pgqueue_task_log AS o
-                         JOIN logged AS n ON n.id = o.task_id
-                        WHERE o.task_id = ANY (ARRAY(SELECT id FROM logged))) AS o
-                WHERE o.newer_bytes + o.log_bytes > o.log_task_bytes))
-),
 at_limit AS MATERIALIZED (
     SELECT l.queue
       FROM unnest(%(limit_queues)s::text[], %(limit_concurrency)s::int[])
@@ -1430,8 +1397,7 @@ SELECT id
 -- (the transaction's now() is the handler's start). Wakes parked workers as settle
 -- does: for a row with a concurrency_key, or in %(limit_queue)s when it was at its
 -- concurrency limit %(limit_concurrency)s (running rows, counted as the statement
--- began). The attempt's log records (%(log_records)s, or NULL) are stored as settle
--- stores them, for the row this statement wrote only.
+-- began).
 WITH settled AS (
     UPDATE pgqueue_task AS t
        SET state = 'succeeded',
@@ -1456,27 +1422,7 @@ WITH settled AS (
      WHERE t.id = %(id)s AND t.attempt = %(attempt)s AND t.lease_token = %(token)s::uuid
        AND t.state = 'running'
        AND (%(any_expiry)s OR t.lease_expires_at > clock_timestamp())
-    RETURNING t.id, t.queue, t.concurrency_key
-),
-stored_logs AS (
-    INSERT INTO pgqueue_task_log (task_id, attempt, lease_token, records, dropped, bytes,
-                                  created_at)
-    SELECT id, %(attempt)s, %(token)s::uuid, %(log_records)s::jsonb, %(log_dropped)s,
-           %(log_bytes)s, statement_timestamp()
-      FROM settled
-     WHERE %(log_records)s::jsonb IS NOT NULL
-),
-trimmed_logs AS (
-    DELETE FROM pgqueue_task_log AS l
-     WHERE l.id = ANY (ARRAY(
-               SELECT o.id
-                 FROM (SELECT o.id,
-                              sum(o.bytes) OVER (ORDER BY o.id DESC) AS newer_bytes
-                         FROM pgqueue_task_log AS o
-                        WHERE o.task_id = %(id)s) AS o
-                WHERE %(log_records)s::jsonb IS NOT NULL
-                  AND EXISTS (SELECT 1 FROM settled)
-                  AND o.newer_bytes + %(log_bytes)s > %(log_task_bytes)s::int))
+    RETURNING t.queue, t.concurrency_key
 )
 SELECT CASE WHEN concurrency_key IS NOT NULL
                  OR (%(limit_queue)s::text IS NOT NULL AND queue = %(limit_queue)s::text
@@ -1485,6 +1431,52 @@ SELECT CASE WHEN concurrency_key IS NOT NULL
                          >= %(limit_concurrency)s::int)
             THEN pg_notify('pgqueue_' || (hashtext(queue) & 63), queue)::text END AS notified
   FROM settled;
+
+
+-- name: store_task_logs
+-- The log records of settled attempts (TASK_LOGS, docs/logging.md): one row of
+-- pgqueue_task_log per attempt, run in the transaction of their settlement, right
+-- after it (settle, settle_atomic): the records commit with the settlement, or
+-- neither does. Fenced on the settlement: an attempt is stored only if its task's
+-- executions hold its settlement (the entry settle and settle_atomic append with its
+-- lease token, as settle_check reads it), and only once. So the records of an attempt
+-- whose lease was lost (its settle matched no row), or whose row was locked (skipped,
+-- retried later with them), are not stored, never as the current attempt's, and a
+-- settlement replayed after a lost reply stores nothing twice. Past an entry's
+-- task_bytes (TASK_LOG_TASK_BYTES), the task's older rows go (trimmed sees the table
+-- as the statement began: it counts the new row's bytes itself). Run only for
+-- outcomes with records: settle pays nothing for the feature. By primary key and
+-- pgqueue_task_log_task.
+WITH v AS MATERIALIZED (
+    SELECT v.*
+      FROM jsonb_to_recordset(%(logs)s::jsonb) AS v(
+               id bigint, attempt int, token uuid, records jsonb, dropped int, bytes int,
+               task_bytes int)
+      JOIN pgqueue_task AS t ON t.id = v.id
+     WHERE t.executions @> jsonb_build_array(jsonb_build_object(
+               'token', v.token, 'attempt', v.attempt, 'source', 'settle'))
+       AND NOT EXISTS (SELECT 1 FROM pgqueue_task_log AS l
+                        WHERE l.task_id = v.id AND l.lease_token = v.token)
+),
+stored AS (
+    INSERT INTO pgqueue_task_log (task_id, attempt, lease_token, records, dropped, bytes,
+                                  created_at)
+    SELECT id, attempt, token, records, dropped, bytes, statement_timestamp()
+      FROM v
+),
+trimmed AS (
+    DELETE FROM pgqueue_task_log AS l
+     WHERE l.id = ANY (ARRAY(
+               SELECT o.id
+                 FROM (SELECT o.id, n.bytes AS new_bytes, n.task_bytes,
+                              sum(o.bytes) OVER (PARTITION BY o.task_id ORDER BY o.id DESC)
+                                  AS newer_bytes
+                         FROM pgqueue_task_log AS o
+                         JOIN v AS n ON n.id = o.task_id
+                        WHERE o.task_id = ANY (ARRAY(SELECT id FROM v))) AS o
+                WHERE o.newer_bytes + o.new_bytes > o.task_bytes))
+)
+SELECT id FROM v;
 
 
 -- name: settle_check

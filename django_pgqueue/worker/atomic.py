@@ -146,7 +146,8 @@ def _commit(connection: Any, outcome: Outcome, any_expiry: bool) -> str | None:
     """In the attempt's transaction: write the outcome while the lease holds, with the
     checkpoint and progress the handler held back. The settled state, or None if the
     lease is lost. A success is one statement (settle_atomic); a Continue or a Suspend
-    locks the row (hold_lease), then writes as the settler does (settle)."""
+    locks the row (hold_lease), then writes as the settler does (settle). The attempt's
+    log records (TASK_LOGS) follow, in the same transaction (store_task_logs)."""
     task = outcome.task
     lease = {"id": task.id, "attempt": task.attempt, "token": task.lease_token,
              "any_expiry": any_expiry}  # fmt: skip
@@ -157,7 +158,6 @@ def _commit(connection: Any, outcome: Outcome, any_expiry: bool) -> str | None:
             if outcome.label == SUCCESS:
                 checkpoint = (held or {}).get("save_checkpoint")
                 progress = (held or {}).get("save_progress")
-                logs = outcome.logs or {}
                 cursor.execute(QUERIES["settle_atomic"], {
                     **lease,
                     "result": None if outcome.result is None else dumps(outcome.result),
@@ -167,12 +167,11 @@ def _commit(connection: Any, outcome: Outcome, any_expiry: bool) -> str | None:
                     "progress": progress and progress["progress"],
                     "limit_queue": limit and task.queue,
                     "limit_concurrency": limit,
-                    "log_records": dumps(logs["records"]) if logs else None,
-                    "log_dropped": logs.get("dropped", 0),
-                    "log_bytes": logs.get("bytes", 0),
-                    "log_task_bytes": logs.get("task_bytes"),
                 })  # fmt: skip
-                return SUCCEEDED if cursor.fetchone() is not None else None
+                if cursor.fetchone() is None:
+                    return None
+                task_logs.store(cursor.execute, [outcome])
+                return SUCCEEDED
             cursor.execute(QUERIES["hold_lease"], lease)
             if cursor.fetchone() is None:
                 return None
@@ -183,6 +182,9 @@ def _commit(connection: Any, outcome: Outcome, any_expiry: bool) -> str | None:
                 "limit_queues": [task.queue] if limit else [],
                 "limit_concurrency": [limit] if limit else [],
             })  # fmt: skip
+            row = cursor.fetchone()
+            if row is not None:
+                task_logs.store(cursor.execute, [outcome])
         except DataError as exc:
             raise _RollBack(outcomes.unrunnable(
                 task,
@@ -191,7 +193,6 @@ def _commit(connection: Any, outcome: Outcome, any_expiry: bool) -> str | None:
                 f"(PostgreSQL: {str(exc).strip().splitlines()[0]}); its atomic "
                 "transaction was rolled back, and the attempt recorded as a failure",
             )) from exc  # fmt: skip
-        row = cursor.fetchone()
     return None if row is None else row[3]
 
 

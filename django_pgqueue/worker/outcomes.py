@@ -102,7 +102,7 @@ class Outcome:
     # committed): the settler only accounts for it.
     written: str | None = None
     # The attempt's log records, with TASK_LOGS (task_logs.take: records, dropped,
-    # bytes, task_bytes): stored by the settlement in pgqueue_task_log.
+    # bytes, task_bytes): stored in the settlement's transaction (task_logs.store).
     logs: dict[str, Any] | None = field(default=None, repr=False)
     # The exception the attempt ended with, for the log record of its settlement (and so
     # for error reporters such as Sentry): never part of the row, never JSON-encoded.
@@ -147,11 +147,6 @@ class Outcome:
         ):
             if value:
                 row[flag] = True
-        if self.logs is not None:
-            row["log_records"] = self.logs["records"]
-            row["log_dropped"] = self.logs["dropped"]
-            row["log_bytes"] = self.logs["bytes"]
-            row["log_task_bytes"] = self.logs["task_bytes"]
         return row
 
 

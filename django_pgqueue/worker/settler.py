@@ -9,6 +9,10 @@ row is counted as ``lost`` and never reported as a success.
 An atomic task's outcome arrives written already (by its handler's own transaction,
 worker/atomic.py): the settler only counts, logs and acknowledges it.
 
+With TASK_LOGS, a batch whose outcomes carry log records is written in one transaction
+with them (``settle``, then ``store_task_logs``): a batch without any is the one
+statement it always was.
+
 What can go wrong, and what it costs (never another task's outcome):
 
 * A value PostgreSQL refuses (a data error): the batch is written again row by row,
@@ -38,7 +42,7 @@ from django_pgqueue.exceptions import TaskNotRegistered
 from django_pgqueue.registry import registry
 from django_pgqueue.signals import task_settled
 from django_pgqueue.sql import QUERIES
-from django_pgqueue.worker import outcomes
+from django_pgqueue.worker import outcomes, task_logs
 from django_pgqueue.worker.claimed import Lease
 from django_pgqueue.worker.connection import CONNECTION_ERRORS, Session
 from django_pgqueue.worker.inflight import InFlight
@@ -185,11 +189,19 @@ class Settler:
 
     def _settle(self, batch: list[Outcome]) -> dict[Lease, str]:
         payload = "[" + ",".join(_row_json(o) for o in batch) + "]"
-        rows = self.session.call(
-            lambda conn: sql.execute(
-                conn, "settle", {"outcomes": payload, **self._limit_params}
-            ).fetchall()
-        )
+        params = {"outcomes": payload, **self._limit_params}
+        logged = [o for o in batch if o.logs is not None]
+
+        def write(conn: psycopg.Connection) -> list[tuple]:
+            if not logged:
+                return sql.execute(conn, "settle", params).fetchall()
+            # TASK_LOGS: the records commit with their settlements, or neither does.
+            with conn.transaction():
+                rows = sql.execute(conn, "settle", params).fetchall()
+                task_logs.store(conn.execute, logged)
+            return rows
+
+        rows = self.session.call(write)
         return {Lease(r[0], r[1], r[2]): r[3] for r in rows}
 
     def _settle_one_by_one(self, batch: list[Outcome]) -> dict[Lease, str]:

@@ -21,24 +21,28 @@ stores. An attempt keeps its newest ``TASK_LOG_RECORDS`` records within
 An attempt's log is made at its first record: an attempt that logs nothing (at
 TASK_LOGS and above) costs nothing. When the attempt ends, ``take`` closes its log
 (records that come later are ignored) and the outcome carries what it kept to the
-settlement, which stores it in pgqueue_task_log in the same fenced statement (sql:
-settle).
+settlement: ``store`` writes it to pgqueue_task_log in the settlement's transaction,
+for the attempts whose settlement was written (sql: store_task_logs).
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 import traceback
 from collections import deque
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from django_pgqueue.conf import get_settings
+from django_pgqueue.sql import QUERIES
 from django_pgqueue.worker.logging import current_lease
 
 if TYPE_CHECKING:
     from django_pgqueue.worker.claimed import ClaimedTask
+    from django_pgqueue.worker.outcomes import Outcome
 
 # One record's text: a message keeps its first MESSAGE_BYTES, a traceback its last
 # EXCEPTION_BYTES, a logger's name its first LOGGER_BYTES (UTF-8). TASK_LOG_BYTES is at
@@ -246,3 +250,20 @@ def _clean(text: str, limit: int, keep_end: bool) -> tuple[str, int]:
     else:
         text = data[:limit].decode("utf-8", "ignore") + f" [{cut} bytes cut]"
     return text, limit + 24
+
+
+def store(execute: Callable[[str, dict[str, Any]], Any], logged: Iterable[Outcome]) -> None:
+    """Store the records of the ``logged`` outcomes, with ``execute`` (a cursor's), in
+    the transaction of their settlement, right after it: they commit with it, or
+    neither does. The statement stores only those whose settlement it finds written
+    (sql: store_task_logs)."""
+    entries = [
+        {"id": o.task.id, "attempt": o.task.attempt, "token": o.task.lease_token, **o.logs}
+        for o in logged
+        if o.logs is not None
+    ]
+    if entries:
+        execute(QUERIES["store_task_logs"], {"logs": _encode(entries)})
+
+
+_encode = json.JSONEncoder(separators=(",", ":")).encode
