@@ -245,8 +245,8 @@ class Dependency(models.Model):
 
 class TaskLog(models.Model):
     """The log records one attempt of a task emitted while its handler ran (TASK_LOGS,
-    docs/logging.md): one row per attempt that logged, written by its settlement, in
-    the same statement and only if that settlement passed the fence (sql: settle).
+    docs/logging.md): one row per attempt that logged, written in the transaction of
+    its settlement and only if that settlement was written (sql: store_task_logs).
 
     ``records``: a JSON list, oldest first, of {"time" (seconds since the epoch),
     "level", "logger", "message"} and "exception" (the traceback) when the record
