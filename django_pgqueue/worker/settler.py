@@ -27,6 +27,7 @@ What can go wrong, and what it costs (never another task's outcome):
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import queue
@@ -196,9 +197,17 @@ class Settler:
             if not logged:
                 return sql.execute(conn, "settle", params).fetchall()
             # TASK_LOGS: the records commit with their settlements, or neither does.
-            with conn.transaction():
+            # (Plain BEGIN and COMMIT: psycopg's transaction object costs more.)
+            conn.execute("BEGIN")
+            try:
                 rows = sql.execute(conn, "settle", params).fetchall()
                 task_logs.store(conn.execute, logged)
+                conn.execute("COMMIT")
+            except BaseException:
+                if not conn.closed:
+                    with contextlib.suppress(psycopg.Error):
+                        conn.execute("ROLLBACK")
+                raise
             return rows
 
         rows = self.session.call(write)
