@@ -273,7 +273,7 @@ def test_a_queue_at_its_concurrency_limit_holds_back_its_due_tasks():
 
     assert group.held_by == ["concurrency"]
     assert group.totals["throttled"] == 2
-    assert group.limits == {"concurrency": 3, "rate": None}
+    assert group.limits == {"concurrency": 3, "rate": None, "latency_objective": None}
 
 
 @pytest.mark.django_db
@@ -446,10 +446,10 @@ def test_status_json_gives_each_queue_its_pause_limits_and_throttled_count():
     queues = {q["queue"]: q for q in document["queues"]}
     default, limited = queues["default"], queues["limited"]
     assert (default["paused"], default["paused_tasks"], default["throttled"]) == (True, [], 2)
-    assert default["limits"] == {"concurrency": None, "rate": None}
+    assert default["limits"] == {"concurrency": None, "rate": None, "latency_objective": None}
     assert default["held_by"] == ["paused"] and default["paused_at"]
     assert (limited["paused"], limited["paused_tasks"], limited["throttled"]) == (False, [NOOP], 0)
-    assert limited["limits"] == {"concurrency": 3, "rate": None}
+    assert limited["limits"] == {"concurrency": 3, "rate": None, "latency_objective": None}
     [row] = document["tasks"]
     assert (row["queue"], row["throttled"], row["held_by"]) == ("default", 2, ["paused"])
 
