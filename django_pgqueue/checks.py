@@ -16,8 +16,10 @@ from django.core.checks import Error, Tags, Warning, register
 from django.db import connections
 from django.db.migrations.loader import MigrationLoader
 
+from django_pgqueue import encryption
 from django_pgqueue.conf import (
     SETTINGS,
+    SETTINGS_BY_NAME,
     configured,
     get_settings,
     migrate_command,
@@ -118,6 +120,40 @@ def check_settings(app_configs, **kwargs):
             )
         )
     return messages
+
+
+@register(Tags.compatibility)
+def check_encryption(app_configs, **kwargs):
+    """Encrypted tasks (ENCRYPT_ALL, a @task(encrypt=True)) or ENCRYPTION_KEYS, while
+    payloads cannot be encrypted here: cryptography is not installed, there is no key,
+    or a value of ENCRYPTION_KEYS is not a key. The message never quotes a key."""
+    project = configured()
+    keys = project.get("ENCRYPTION_KEYS")
+    if keys is not None and SETTINGS_BY_NAME["ENCRYPTION_KEYS"].problem(keys, "") is not None:
+        return []  # not a list: reported by check_settings
+    encrypting = sorted(d.name for d in registry.all() if d.encrypt)
+    if not (keys or project.get("ENCRYPT_ALL") is True or encrypting):
+        return []
+    problem = encryption.key_problem()
+    if problem is None:
+        return []
+    users = []
+    if project.get("ENCRYPT_ALL") is True:
+        users.append("ENCRYPT_ALL is True")
+    if encrypting:
+        shown = ", ".join(encrypting[:5]) + (
+            f" and {len(encrypting) - 5} more" if len(encrypting) > 5 else ""
+        )
+        users.append(f"task(s) {shown} are declared with encrypt=True")
+    why = f" ({'; '.join(users)})" if users else ""
+    return [
+        Error(
+            f"{problem}{why}",
+            hint="Encrypted tasks cannot be enqueued, nor run, until this is fixed; see "
+            f"{DOCS_URL}/security.md.",
+            id="django_pgqueue.E050",
+        )
+    ]
 
 
 def _check_middleware(paths: list[str]) -> list[Error]:

@@ -71,6 +71,8 @@ class Setting:
     maximum: float | None = None
     choices: tuple[str, ...] | None = None
     nullable: bool = False
+    # A secret (ENCRYPTION_KEYS): an error about its value never quotes the value.
+    secret: bool = False
 
     @property
     def dest(self) -> str | None:
@@ -89,7 +91,8 @@ class Setting:
             return None
         if not _is_kind(value, self.kind):
             wanted = _KIND_NAMES[self.kind] + (" or None" if self.nullable else "")
-            return Problem("kind", f"{where} must be {wanted}, not {short_repr(value)}")
+            shown = f"a {type(value).__name__}" if self.secret else short_repr(value)
+            return Problem("kind", f"{where} must be {wanted}, not {shown}")
         if self.choices is not None and value not in self.choices:
             choices = ", ".join(repr(c) for c in self.choices)
             return Problem("choice", f"{where} is {short_repr(value)}: use one of {choices}")
@@ -212,6 +215,18 @@ SETTINGS: tuple[Setting, ...] = (
         "The most signal names one task keeps: a signal of a new name past it is "
         "refused; None: no limit.",
         minimum=1, nullable=True,
+    ),
+    # -- encrypted payloads (docs/security.md, "Encrypted payloads") --------------------
+    Setting(
+        "ENCRYPTION_KEYS", [], list,
+        "Fernet keys of encrypted tasks' payloads, newest first: the first encrypts, "
+        "each one decrypts. Read them from the environment or a secrets store.",
+        secret=True,
+    ),
+    Setting(
+        "ENCRYPT_ALL", False, bool,
+        "Encrypt the payloads of every task, except those declared with "
+        "@task(encrypt=False).",
     ),
     # -- the worker --------------------------------------------------------------------
     Setting(

@@ -16,7 +16,7 @@ from django.core.signals import setting_changed
 from django.db import ProgrammingError, connections, transaction
 from django.utils import timezone
 
-from django_pgqueue import tracing
+from django_pgqueue import encryption, tracing
 from django_pgqueue.conf import database_for, migrate_command
 from django_pgqueue.enqueue_cursor import enqueue_cursor
 from django_pgqueue.exceptions import InvalidTaskError, TransactionDatabaseError
@@ -116,19 +116,26 @@ def build_row(
     leaves the task's concurrency_key function out (enqueue_many applies it per call).
 
     The options' part of the row is validated and built on a definition's first call
-    and kept on it (a ``using()`` copy is another definition); later calls check and
-    encode only their arguments and metadata. A first call that raises keeps nothing,
-    so every call with a bad option raises the same error."""
+    and kept on it (a ``using()`` copy is another definition), with whether the task
+    encrypts; later calls check and encode only their arguments and metadata (and
+    encrypt the arguments, for an encrypted task: encryption.py). A first call that
+    raises keeps nothing, so every call with a bad option raises the same error."""
     cached = definition.__dict__.get("_pgqueue_row")
     if cached is None or cached[0] != _settings_generation:
         row = _build_row(definition, args, kwargs, key_per_call=key_per_call)
+        encrypt = encryption.chosen(definition.encrypt)
+        if encrypt:  # measured in clear (MAX_ARGS_BYTES), stored sealed
+            row["args"] = encryption.seal_text(row["args"])
+            row["kwargs"] = encryption.seal_text(row["kwargs"])
         # Stored only once the whole row validated: a cached definition's options are
         # valid, so the per-call checks below raise what _build_row would have raised.
         constant = {k: v for k, v in row.items() if k not in PER_CALL}
         constant["after"] = tuple(row["after"])
         if definition.concurrency_key is None or definition.options.concurrency_key is not None:
             constant["concurrency_key"] = row["concurrency_key"]
-        object.__setattr__(definition, "_pgqueue_row", (_settings_generation, constant))
+        object.__setattr__(
+            definition, "_pgqueue_row", (_settings_generation, constant, encrypt)
+        )
         return row
     if not isinstance(kwargs, dict):
         raise InvalidTaskError(f"kwargs must be a dict, not {type(kwargs).__name__}")
@@ -136,6 +143,9 @@ def build_row(
     kwargs_json = dumps(check_json(kwargs, "kwargs")) if kwargs else _EMPTY_JSON
     check_size(ARGS_LIMIT, args_json, kwargs_json)
     row = cached[1].copy()
+    if cached[2]:
+        args_json = encryption.seal_text(args_json)
+        kwargs_json = encryption.seal_text(kwargs_json)
     row["args"] = args_json
     row["kwargs"] = kwargs_json
     trace = _trace_context()
@@ -491,7 +501,8 @@ def enqueue_many(definition: TaskDefinition, calls: Iterable[Any]) -> list[int]:
     call's against MAX_ARGS_BYTES). With a unique_key, the
     whole batch shares it: the first call is enqueued (unless a live task holds the key;
     with on_conflict="replace", the last call, as if each replaced the one before) and
-    every position returns that task's id.
+    every position returns that task's id. An encrypted task's calls are encrypted one
+    by one (each row its own sealed args and kwargs).
     """
     shared = build_row(definition, (), {}, key_per_call=False)
     keyed = shared["concurrency_key"] is None and definition.concurrency_key is not None
@@ -512,6 +523,10 @@ def enqueue_many(definition: TaskDefinition, calls: Iterable[Any]) -> list[int]:
         return []
     args_json, kwargs_json = dumps(args_list), dumps(kwargs_list)
     _check_sizes(args_list, kwargs_list, args_json, kwargs_json)
+    if encryption.chosen(definition.encrypt):
+        args_list = [encryption.seal(args) for args in args_list]
+        kwargs_list = [encryption.seal(kwargs) for kwargs in kwargs_list]
+        args_json, kwargs_json = dumps(args_list), dumps(kwargs_list)
     alias = database_for(shared["queue"])
     check_transaction(definition, shared["queue"], alias, "enqueue_many()")
     if shared["after"]:

@@ -7,10 +7,14 @@ from that file's comments, so keep them stable.
 
 from __future__ import annotations
 
+from typing import Any
+
 from django.db import models
 from django.db.models import Q
 from django.db.models.functions import Now
 from django.utils.translation import gettext_lazy as _
+
+from django_pgqueue import encryption
 
 
 class TaskState(models.TextChoices):
@@ -96,8 +100,12 @@ class Task(models.Model):
         db_table = "pgqueue_task"
         ordering = ["-id"]
         # The admin's enqueue form runs any registered task with any arguments, queue
-        # and priority: a permission of its own, not Django's add_task (docs/security.md).
-        permissions = [("enqueue_task", "Can enqueue any registered task from the admin")]
+        # and priority: a permission of its own, not Django's add_task; the cleartext of
+        # encrypted tasks' payloads is one too, beyond view_task (docs/security.md).
+        permissions = [
+            ("enqueue_task", "Can enqueue any registered task from the admin"),
+            ("decrypt_task", "Can see the cleartext of encrypted tasks in the admin"),
+        ]
         indexes = [
             # The claim: an index-ordered top-N per (queue, task, version) over pending
             # rows, which are all due (scheduled rows are not in it). A claim walks only
@@ -200,6 +208,26 @@ class Task(models.Model):
     @property
     def is_terminal(self) -> bool:
         return self.state in TERMINAL_STATES
+
+    @property
+    def encrypted(self) -> bool:
+        """Whether the task's payloads are encrypted in its row (docs/security.md,
+        "Encrypted payloads"): its args are an object then, an array otherwise."""
+        return encryption.is_encrypted(self.args)
+
+    def cleartext(self, field: str) -> Any:
+        """The value of a payload column (args, kwargs, result, checkpoint, progress,
+        signals, wake), decrypted if the task is encrypted. Raises EncryptionError when
+        no key of PGQUEUE["ENCRYPTION_KEYS"] decrypts it."""
+        if field not in encryption.PAYLOAD_COLUMNS:
+            raise ValueError(
+                f"{field!r} is not a payload column; use one of "
+                f"{', '.join(encryption.PAYLOAD_COLUMNS)}"
+            )
+        value = getattr(self, field)
+        if not self.encrypted:
+            return value
+        return encryption.open_column(field, value, f"task {self.pk}'s {field}")
 
 
 class QueueOverview(Task):

@@ -1,5 +1,5 @@
 """Operations on tasks outside the worker: read, cancel, retry and requeue, delete,
-retention on demand, and the queue overview.
+retention on demand, re-encryption, and the queue overview.
 
 Every write goes to the task's database: ``DATABASE``, or the alias passed as
 ``database=`` (task ids are per database: the same id can name a task on each), or,
@@ -14,17 +14,22 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Literal, TypedDict, cast
 
 import psycopg
 from django.db import IntegrityError, connections, transaction
 
-from django_pgqueue import retention
+from django_pgqueue import encryption, retention
 from django_pgqueue.archive import Archive
 from django_pgqueue.conf import database_for, get_settings, read_database
-from django_pgqueue.exceptions import InvalidTaskError, PayloadTooLarge, TaskDoesNotExist
+from django_pgqueue.exceptions import (
+    EncryptionError,
+    InvalidTaskError,
+    PayloadTooLarge,
+    TaskDoesNotExist,
+)
 from django_pgqueue.payload import (
     SIGNAL_LIMIT,
     check_json,
@@ -89,7 +94,9 @@ def signal(
     A task keeps each name's last payload until it ends: a payload larger than
     ``MAX_SIGNAL_BYTES``, or a signal that would make the task's signals more than
     ``MAX_TASK_SIGNALS_BYTES`` or ``MAX_TASK_SIGNALS`` names, raises PayloadTooLarge:
-    nothing is sent."""
+    nothing is sent. An encrypted task takes the payload encrypted; where this process
+    cannot encrypt (no ENCRYPTION_KEYS), such a task raises EncryptionError: nothing is
+    sent."""
     if isinstance(task_id, bool) or not isinstance(task_id, int):
         raise InvalidTaskError(f"a task id is an int, not {short_repr(task_id)}")
     if not isinstance(name, str) or not 1 <= len(name) <= 255:
@@ -101,14 +108,20 @@ def signal(
     check_size(SIGNAL_LIMIT, body)
     conf = get_settings()
     bounds = {"max_names": conf.MAX_TASK_SIGNALS, "max_bytes": conf.MAX_TASK_SIGNALS_BYTES}
+    # Sealed too, for an encrypted task (the statement picks by the row).
+    sealed = encryption.seal_if_possible(body)
+    params = {"id": task_id, "name": name, "payload": body, "sealed": sealed, **bounds}
     with connections[_alias(database)].cursor() as cursor:
-        cursor.execute(
-            QUERIES["signal_task"], {"id": task_id, "name": name, "payload": body, **bounds}
-        )
+        cursor.execute(QUERIES["signal_task"], params)
         row = cursor.fetchone()
     if row is None:
         return None
-    _, _, resumed, _, fits, names, size = row
+    _, _, resumed, _, fits, names, size, unsealed = row
+    if unsealed:
+        raise EncryptionError(
+            f"signal {short_repr(name)} to task {task_id}: the task is encrypted, and its "
+            f"payload cannot be encrypted here: {encryption.key_problem()}; nothing was sent"
+        )
     if not fits:
         raise PayloadTooLarge(_signals_too_large(task_id, name, names, size, **bounds))
     return "resumed" if resumed else "stored"
@@ -474,6 +487,71 @@ def restore_archived(
                 raise
             outcomes[row["id"]] = "unique_key"
     return outcomes
+
+
+@dataclass
+class Reencrypted:
+    """What ``reencrypt`` did: ``rewritten`` rows now encrypted with the newest key,
+    ``current`` rows that already were, ``left`` the ids of rows it could not take this
+    time (running, or held by another transaction: run it again later), ``failed`` the
+    ids of rows that no key decrypts, with the reason (left as they are)."""
+
+    rewritten: int = 0
+    current: int = 0
+    left: list[int] = field(default_factory=list)
+    failed: dict[int, str] = field(default_factory=dict)
+
+
+REENCRYPT_BATCH = 500
+
+
+def reencrypt(batch: int = REENCRYPT_BATCH, database: str | None = None) -> Reencrypted:
+    """Encrypt every encrypted task's payloads again with the newest key of
+    ENCRYPTION_KEYS (its first), ``batch`` rows per transaction, walking the table by
+    id (the statements encrypted_batch and reencrypt_rows). Running rows, and rows
+    another transaction holds, are left for a later run (``left``): a worker may write
+    to them meanwhile. Raises EncryptionError at once when nothing can be encrypted
+    here (no key, no cryptography)."""
+    problem = encryption.key_problem()
+    if problem is not None:
+        raise EncryptionError(problem)
+    alias = _alias(database)
+    done = Reencrypted()
+    after = 0
+    while True:
+        with transaction.atomic(using=alias), connections[alias].cursor() as cursor:
+            cursor.execute(QUERIES["encrypted_batch"], {"after": after, "batch": batch})
+            rows = cursor.fetchall()
+            changes = [change for row in rows if (change := _reencrypted(row, done))]
+            if changes:
+                cursor.execute(QUERIES["reencrypt_rows"], {"rows": dumps(changes)})
+                done.rewritten += len(cursor.fetchall())
+        if len(rows) < batch:
+            return done
+        after = rows[-1][0]
+
+
+def _reencrypted(row: tuple, done: Reencrypted) -> dict[str, Any] | None:
+    """The changed columns of one row of encrypted_batch (with its id), or None;
+    counts the row in ``done`` when it is left, failed or current."""
+    task_id, locked, *values = row
+    if not locked:
+        done.left.append(task_id)
+        return None
+    changes = {}
+    try:
+        for column, value in zip(encryption.PAYLOAD_COLUMNS, values, strict=True):
+            loaded = json.loads(value) if isinstance(value, str) else value
+            new = encryption.rotated(column, loaded, f"task {task_id}'s {column}")
+            if new is not None:
+                changes[column] = new
+    except EncryptionError as exc:
+        done.failed[task_id] = str(exc)
+        return None
+    if not changes:
+        done.current += 1
+        return None
+    return {"id": task_id, **changes}
 
 
 def delete_stale_workers(database: str | None = None) -> list[str]:

@@ -156,6 +156,7 @@ class TaskOptions(TypedDict, total=False):
     unique_states: Iterable[UniqueState] | None
     on_conflict: Literal["keep", "replace"] | None
     atomic: bool
+    encrypt: bool | None
 
 
 def validate_queue(queue: Any) -> str:
@@ -382,6 +383,13 @@ def validate_atomic(value: Any, func: Callable[..., Any]) -> bool:
     return value
 
 
+def validate_encrypt(value: Any) -> bool | None:
+    """encrypt=: True, False, or None (PGQUEUE["ENCRYPT_ALL"] decides)."""
+    if value is not None and not isinstance(value, bool):
+        raise InvalidTaskError(f"encrypt must be True, False or None, not {short_repr(value)}")
+    return value
+
+
 def _is_number(value: Any) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool)
 
@@ -459,6 +467,9 @@ class TaskDefinition(Generic[P, R]):
     # The handler runs in a transaction on the task's database that also carries its
     # success, fenced by its lease (worker/atomic.py, docs/guarantees.md).
     atomic: bool = False
+    # Its payloads are encrypted in its rows (encryption.py, docs/security.md); None:
+    # as PGQUEUE["ENCRYPT_ALL"] says when the task is enqueued.
+    encrypt: bool | None = None
 
     @property
     def is_async(self) -> bool:
@@ -745,6 +756,7 @@ def task(
     unique_states: Iterable[UniqueState] | None = None,
     on_conflict: Literal["keep", "replace"] | None = None,
     atomic: bool = False,
+    encrypt: bool | None = None,
 ) -> Any:
     """Register a function as a task: ``@task`` or ``@task(queue="emails", ...)``.
 
@@ -765,6 +777,9 @@ def task(
     transaction on the task's database that commits with the attempt's success, and only
     while the attempt holds its lease: its writes there happen exactly once
     (docs/guarantees.md, "Exactly-once effects in the task's database").
+    ``encrypt=True`` encrypts the task's arguments, result, checkpoint, progress and
+    signal payloads in its rows with PGQUEUE["ENCRYPTION_KEYS"]; left out (None), as
+    PGQUEUE["ENCRYPT_ALL"] says (docs/security.md, "Encrypted payloads").
     """
 
     def decorate(fn: Callable[..., Any]) -> TaskDefinition[..., Any]:
@@ -829,6 +844,7 @@ def task(
                 ),
                 on_conflict=None if on_conflict is None else validate_on_conflict(on_conflict),
                 atomic=validate_atomic(atomic, fn),
+                encrypt=validate_encrypt(encrypt),
             )
         except InvalidTaskError as exc:
             raise InvalidTaskError(f"@task on {_origin(fn)}: {exc}") from exc

@@ -112,6 +112,15 @@ if "PGQUEUE_TEST_DEAD_CONNECTION_TIMEOUT" in os.environ:
 PGQUEUE["TASK_MODULES"].append("tests.size_tasks")
 PGQUEUE["TASK_MODULES"].append("tests.recycle_tasks")
 PGQUEUE["TASK_MODULES"].append("tests.unique_tasks")
+# tests/test_encryption.py: its tasks, and the keys of encrypted payloads (newest first;
+# test keys, nothing else uses them), which the workers it starts may be given others of.
+PGQUEUE["TASK_MODULES"].append("tests.encrypt_tasks")
+TEST_ENCRYPTION_KEY = "98AifONNE6A_AnH56jr4LB-Iwg3mqDo_cdaMGTLbJfs="
+PGQUEUE["ENCRYPTION_KEYS"] = [
+    key
+    for key in os.environ.get("PGQUEUE_TEST_ENCRYPTION_KEYS", TEST_ENCRYPTION_KEY).split(",")
+    if key
+]
 # tests/test_setup_mistakes.py: a module that does not exist (a typo), in the processes
 # it starts.
 if os.environ.get("PGQUEUE_TEST_MISSING_TASK_MODULE"):

@@ -797,8 +797,10 @@ RETURNING d.parent_id;
 
 -- name: parent_results
 -- context.parent_results(): the tasks this one waited for and how they ended, through
--- pgqueue_dep_child, then each parent by primary key.
-SELECT p.id, p.task_name, p.state, p.result, p.errors -> -1 ->> 'message'
+-- pgqueue_dep_child, then each parent by primary key; encrypted: the parent's result is
+-- encrypted (its args are an object: encryption.py), for the reader to decrypt.
+SELECT p.id, p.task_name, p.state, p.result, p.errors -> -1 ->> 'message',
+       jsonb_typeof(p.args) = 'object' AS encrypted
   FROM pgqueue_dependency AS d
   JOIN pgqueue_task AS p ON p.id = d.parent_id
  WHERE d.child_id = %(id)s
@@ -813,6 +815,11 @@ SELECT p.id, p.task_name, p.state, p.result, p.errors -> -1 ->> 'message'
 -- from outside the worker. The row lock (old, by primary key) serialises it with a
 -- settlement of the same row: either the settlement sees the signal, or this sees the
 -- task waiting. A finished task takes no signal (no row is returned).
+-- Encrypted: an encrypted row (its args are an object: encryption.py) takes the payload
+-- encrypted, %(sealed)s, and a plain row %(payload)s, so the sender need not read the
+-- row first. %(sealed)s is NULL where the sender cannot encrypt (no keys): an
+-- encrypted row then takes nothing, and comes back with encrypted true for the sender
+-- to refuse.
 -- Bounded: signals keeps each name's last payload until the task ends, so the value
 -- the row would hold with this signal (names, and bytes as PostgreSQL writes it as
 -- JSON text) is measured on the locked row, and past %(max_names)s or %(max_bytes)s
@@ -821,14 +828,17 @@ SELECT p.id, p.task_name, p.state, p.result, p.errors -> -1 ->> 'message'
 -- at once cannot both pass a bound that only one fits. The bytes are only counted
 -- with a bound (the value is written out as text for it).
 WITH old AS MATERIALIZED (
-    SELECT t.id,
+    SELECT t.id, p.encrypted, p.payload,
            (t.state = 'waiting' AND t.wait_reason = 'signal'
             AND t.wait_signal = %(name)s::text) AS resumes,
            (SELECT count(*) FROM jsonb_object_keys(t.signals || n.signal)) AS names,
            CASE WHEN %(max_bytes)s::bigint IS NOT NULL
                 THEN octet_length((t.signals || n.signal)::text) END AS bytes
       FROM pgqueue_task AS t,
-           (SELECT jsonb_build_object(%(name)s::text, %(payload)s::jsonb)) AS n(signal)
+           LATERAL (SELECT jsonb_typeof(t.args) = 'object',
+                           CASE WHEN jsonb_typeof(t.args) = 'object' THEN %(sealed)s::jsonb
+                                ELSE %(payload)s::jsonb END) AS p(encrypted, payload),
+           LATERAL (SELECT jsonb_build_object(%(name)s::text, p.payload)) AS n(signal)
      WHERE t.id = %(id)s
        AND t.state IN ('scheduled', 'pending', 'running', 'waiting')
        FOR NO KEY UPDATE OF t
@@ -841,12 +851,12 @@ bounded AS MATERIALIZED (
 ),
 signalled AS (
     UPDATE pgqueue_task AS t
-       SET signals = t.signals || jsonb_build_object(%(name)s::text, %(payload)s::jsonb),
+       SET signals = t.signals || jsonb_build_object(%(name)s::text, o.payload),
            state = CASE WHEN o.resumes THEN 'pending' ELSE t.state END,
            run_at = CASE WHEN o.resumes THEN now() ELSE t.run_at END,
            wake = CASE WHEN o.resumes
                        THEN jsonb_build_object('reason', 'signal', 'signal', %(name)s::text,
-                                               'payload', %(payload)s::jsonb)
+                                               'payload', o.payload)
                        ELSE t.wake END,
            wait_reason = CASE WHEN o.resumes THEN NULL ELSE t.wait_reason END,
            wait_signal = CASE WHEN o.resumes THEN NULL ELSE t.wait_signal END,
@@ -854,12 +864,13 @@ signalled AS (
       FROM bounded AS o
      WHERE t.id = o.id
        AND o.fits
+       AND o.payload IS NOT NULL
     RETURNING t.id, t.queue, t.state, o.resumes
 )
 SELECT o.id, s.state, COALESCE(s.resumes, false) AS resumes,
        CASE WHEN s.resumes
             THEN pg_notify('pgqueue_' || (hashtext(s.queue) & 63), s.queue)::text END,
-       o.fits, o.names, o.bytes
+       o.fits, o.names, o.bytes, o.encrypted AND o.payload IS NULL AS unsealed
   FROM bounded AS o
   LEFT JOIN signalled AS s ON s.id = o.id;
 
@@ -2382,6 +2393,61 @@ SELECT 'failed', count(*)
  WHERE state = 'failed'
    AND finished_at < now() - make_interval(secs => %(dead_ttl)s)
    AND lease_token IS NULL;
+
+
+-- name: encrypted_batch
+-- pgqueue_reencrypt (operations.reencrypt): the next %(batch)s encrypted rows after id
+-- %(after)s (encrypted: args are an object, encryption.py), walked by primary key: no
+-- index tells encrypted rows apart, so the command reads the table once, a batch per
+-- transaction. Each row is locked (FOR NO KEY UPDATE) and returned with its payload
+-- columns, which the command encrypts again and writes back with reencrypt_rows in the
+-- same transaction: nothing can change them between the read and the write. Returned
+-- with locked false, and left as they are for a later run: a running row (its handler
+-- may write its checkpoint or progress, its settlement its result, at any moment) and
+-- a row another transaction holds (SKIP LOCKED: a claim taking it, a signal). It never
+-- waits for a lock, so it cannot deadlock with the worker's statements or a settlement's
+-- trigger.
+WITH walk AS MATERIALIZED (
+    SELECT t.id
+      FROM pgqueue_task AS t
+     WHERE t.id > %(after)s
+       AND jsonb_typeof(t.args) = 'object'
+     ORDER BY t.id
+     LIMIT %(batch)s
+),
+locked AS MATERIALIZED (
+    SELECT t.id, t.args, t.kwargs, t.result, t.checkpoint, t.progress, t.signals, t.wake
+      FROM pgqueue_task AS t
+     WHERE t.id = ANY (ARRAY(SELECT id FROM walk))
+       AND t.state <> 'running'
+       AND jsonb_typeof(t.args) = 'object'
+       FOR NO KEY UPDATE OF t SKIP LOCKED
+)
+SELECT w.id, l.id IS NOT NULL AS locked,
+       l.args, l.kwargs, l.result, l.checkpoint, l.progress, l.signals, l.wake
+  FROM walk AS w
+  LEFT JOIN locked AS l ON l.id = w.id
+ ORDER BY w.id;
+
+
+-- name: reencrypt_rows
+-- pgqueue_reencrypt: the payload columns of rows encrypted_batch locked, encrypted
+-- again with the newest key, in the transaction that holds their locks; by primary
+-- key. A column a row's entry leaves out (read as NULL) was already encrypted with the
+-- newest key, or empty, and keeps its value.
+UPDATE pgqueue_task AS t
+   SET args = COALESCE(r.args, t.args),
+       kwargs = COALESCE(r.kwargs, t.kwargs),
+       result = COALESCE(r.result, t.result),
+       checkpoint = COALESCE(r.checkpoint, t.checkpoint),
+       progress = COALESCE(r.progress, t.progress),
+       signals = COALESCE(r.signals, t.signals),
+       wake = COALESCE(r.wake, t.wake)
+  FROM jsonb_to_recordset(%(rows)s::jsonb)
+       AS r(id bigint, args jsonb, kwargs jsonb, result jsonb, checkpoint jsonb,
+            progress jsonb, signals jsonb, wake jsonb)
+ WHERE t.id = r.id
+RETURNING t.id;
 
 
 -- Periodic schedules (docs/periodic.md). Schedules are declared in code, or added at

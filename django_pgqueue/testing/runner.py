@@ -38,6 +38,7 @@ from asgiref.sync import async_to_sync
 from django.db import connections, transaction
 from psycopg.types.json import JsonbLoader
 
+from django_pgqueue import encryption
 from django_pgqueue.conf import database_for, get_setting, get_settings
 from django_pgqueue.exceptions import Retry, TaskNotRegistered
 from django_pgqueue.registry import registry
@@ -316,6 +317,9 @@ def _run(connection: BaseDatabaseWrapper, alias: str, task: ClaimedTask) -> Task
         else:
             callback()
     error = outcome.error
+    result = outcome.result
+    if task.encrypted:  # the settled result was encrypted: the test reads it in clear
+        result = encryption.open_value(result, f"task {task.id}'s result")
     return TaskRun(
         id=task.id,
         task_name=task.task_name,
@@ -325,7 +329,7 @@ def _run(connection: BaseDatabaseWrapper, alias: str, task: ClaimedTask) -> Task
         kwargs=task.kwargs,
         outcome=outcome.label,
         state=state,
-        result=outcome.result,
+        result=result,
         error={k: v for k, v in error.items() if k != "traceback"} if error else None,
         exception=outcome.exc,
     )

@@ -23,6 +23,7 @@ from django_pgqueue.exceptions import (
     _UNSET,
     Cancelled,
     Continue,
+    EncryptionError,
     InvalidTaskError,
     LeaseLost,
     PayloadTooLarge,
@@ -50,6 +51,7 @@ logger = logging.getLogger("django_pgqueue.worker")
 
 
 def make_context(task: ClaimedTask, database: str) -> TaskContext:
+    """The handler's context; an encrypted task's encrypts what it saves."""
     context = TaskContext(
         task_id=task.id,
         task_name=task.task_name,
@@ -67,6 +69,7 @@ def make_context(task: ClaimedTask, database: str) -> TaskContext:
         wake=task.wake,
     )
     context._cancel_requested = task.cancel_requested
+    context._encrypted = task.encrypted
     return context
 
 
@@ -208,6 +211,11 @@ def _prepare(task: ClaimedTask, database: str) -> tuple[TaskDefinition, list[Any
         definition = registry.get(task.task_name, task.handler_version)
     except TaskNotRegistered as exc:  # the claim filters on routes; defensive only
         return outcomes.failed(task, outcomes.error_entry(task, exc), retryable=False)
+    if type(task.args) is dict:  # an encrypted row (a plain row's args are an array)
+        try:
+            task.open_payloads()
+        except EncryptionError as exc:
+            return outcomes.undecryptable(task, str(exc))
     problem = check_stored_call(task.args, task.kwargs)
     if problem is not None:
         return outcomes.unrunnable(task, "InvalidTaskError", problem)
