@@ -125,35 +125,45 @@ def check_settings(app_configs, **kwargs):
 @register(Tags.compatibility)
 def check_encryption(app_configs, **kwargs):
     """Encrypted tasks (ENCRYPT_ALL, a @task(encrypt=True)) or ENCRYPTION_KEYS, while
-    payloads cannot be encrypted here: cryptography is not installed, there is no key,
-    or a value of ENCRYPTION_KEYS is not a key. The message never quotes a key."""
+    payloads cannot be encrypted here: an error when cryptography is not installed or a
+    value of ENCRYPTION_KEYS is not a key; a warning when there is no key (a process
+    that neither enqueues nor runs encrypted tasks, a migration's, may go without).
+    The messages never quote a key."""
     project = configured()
     keys = project.get("ENCRYPTION_KEYS")
     if keys is not None and SETTINGS_BY_NAME["ENCRYPTION_KEYS"].problem(keys, "") is not None:
         return []  # not a list: reported by check_settings
-    encrypting = sorted(d.name for d in registry.all() if d.encrypt)
-    if not (keys or project.get("ENCRYPT_ALL") is True or encrypting):
-        return []
-    problem = encryption.key_problem()
-    if problem is None:
-        return []
     users = []
     if project.get("ENCRYPT_ALL") is True:
         users.append("ENCRYPT_ALL is True")
+    encrypting = sorted(d.name for d in registry.all() if d.encrypt)
     if encrypting:
-        shown = ", ".join(encrypting[:5]) + (
-            f" and {len(encrypting) - 5} more" if len(encrypting) > 5 else ""
-        )
-        users.append(f"task(s) {shown} are declared with encrypt=True")
+        shown = ", ".join(encrypting[:5])
+        more = f" and {len(encrypting) - 5} more" if len(encrypting) > 5 else ""
+        users.append(f"task(s) {shown}{more} are declared with encrypt=True")
+    if not (keys or users):
+        return []
     why = f" ({'; '.join(users)})" if users else ""
-    return [
-        Error(
-            f"{problem}{why}",
-            hint="Encrypted tasks cannot be enqueued, nor run, until this is fixed; see "
-            f"{DOCS_URL}/security.md.",
-            id="django_pgqueue.E050",
-        )
-    ]
+    problem = encryption.install_problem() or (keys and encryption.bad_key(keys))
+    if problem:
+        return [
+            Error(
+                f"{problem}{why}",
+                hint="Encrypted tasks can be neither enqueued nor run until this is "
+                f"fixed; see {DOCS_URL}/security.md.",
+                id="django_pgqueue.E050",
+            )
+        ]
+    if not keys:
+        return [
+            Warning(
+                f"{encryption.NO_KEYS}{why}",
+                hint="This process can neither enqueue nor run encrypted tasks; see "
+                f"{DOCS_URL}/security.md.",
+                id="django_pgqueue.W009",
+            )
+        ]
+    return []
 
 
 def _check_middleware(paths: list[str]) -> list[Error]:

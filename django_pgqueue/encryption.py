@@ -205,17 +205,30 @@ def key_problem(keys: Any = None) -> str | None:
     of ENCRYPTION_KEYS that is not a key), or None. Never quotes a key."""
     if keys is None:
         keys = _keys_setting()
+    return install_problem() or (NO_KEYS if not keys else bad_key(keys))
+
+
+NO_KEYS = (
+    "PGQUEUE['ENCRYPTION_KEYS'] is empty: encrypted tasks need at least one key, newest "
+    'first (make one with: python -c "from cryptography.fernet import Fernet; '
+    'print(Fernet.generate_key().decode())"), read from the environment or a secrets '
+    "store, never committed"
+)
+
+
+def install_problem() -> str | None:
+    """Why ``cryptography`` cannot be used, or None."""
     try:
-        from cryptography.fernet import Fernet
+        import cryptography.fernet  # noqa: F401
     except ImportError:
         return f"encrypted tasks need the cryptography package, which is not installed: {INSTALL}"
-    if not keys:
-        return (
-            "PGQUEUE['ENCRYPTION_KEYS'] is empty: encrypted tasks need at least one key, "
-            'newest first (make one with: python -c "from cryptography.fernet import '
-            'Fernet; print(Fernet.generate_key().decode())"), read from the environment '
-            "or a secrets store, never committed"
-        )
+    return None
+
+
+def bad_key(keys: Any) -> str | None:
+    """Which value of ENCRYPTION_KEYS is not a Fernet key, without quoting it; or None."""
+    from cryptography.fernet import Fernet
+
     for index, key in enumerate(keys):
         try:
             Fernet(key)

@@ -9,12 +9,12 @@ from django_pgqueue import Continue, task
 from django_pgqueue.context import TaskContext
 
 
-@task(encrypt=True, queue="encrypted")
+@task(encrypt=True, queue="sealed")
 def echo(secret: str, *, note: str | None = None) -> dict[str, Any]:
     return {"echo": secret, "note": note}
 
 
-@task(encrypt=True, queue="encrypted", takes_context=True)
+@task(encrypt=True, queue="sealed", takes_context=True)
 def sliced(context: TaskContext, secret: str) -> dict[str, Any]:
     """Two slices: the first saves progress and a checkpoint holding the secret and
     continues; the second returns what it resumed from."""
@@ -24,7 +24,7 @@ def sliced(context: TaskContext, secret: str) -> dict[str, Any]:
     return {"resumed": context.checkpoint}
 
 
-@task(encrypt=True, queue="encrypted", takes_context=True)
+@task(encrypt=True, queue="sealed", takes_context=True)
 def waits(context: TaskContext, secret: str) -> dict[str, Any]:
     """Suspends until the signal "go", then returns its payload as the handler saw it."""
     if "go" not in context.signals:
@@ -32,16 +32,16 @@ def waits(context: TaskContext, secret: str) -> dict[str, Any]:
     return {"signal": context.signals["go"], "woken": context.wake, "kept": context.checkpoint}
 
 
-@task(encrypt=True, queue="encrypted", takes_context=True)
+@task(encrypt=True, queue="sealed", takes_context=True)
 def reads_parents(context: TaskContext) -> dict[str, Any]:
     return {str(k): v["result"] for k, v in context.parent_results().items()}
 
 
-@task(encrypt=True, queue="encrypted")
+@task(encrypt=True, queue="sealed")
 async def echo_async(secret: str) -> str:
     return secret.upper()
 
 
-@task(queue="encrypted")
+@task(queue="sealed")
 def plain_echo(secret: str) -> str:
     return secret

@@ -34,7 +34,7 @@ SECRET = "4111-1111-1111-1111 ann@example.com"
 OLD_KEY = TEST_ENCRYPTION_KEY
 NEW_KEY = "ooLMPXQjoXjrQc4-TiruJ4IaXHUmb3pbozixgqE8EQk="
 OTHER_KEY = "s03IRphbb8__Lh_XFqgKUZbwRxGoKov8ZicbBXshu_k="
-QUEUE = ("--queues", "encrypted")
+QUEUE = ("--queues", "sealed")
 
 
 def keys(*keys: str) -> override_settings:
@@ -108,7 +108,7 @@ def test_enqueue_many_encrypts_each_call_on_its_own():
     assert len(tokens) == 3
     for task_id in ids:
         assert_no_cleartext(task_id)
-    result = run_tasks(queues="encrypted")
+    result = run_tasks(queues="sealed")
     assert [run.result["echo"] for run in result.runs] == [f"{SECRET} {n}" for n in range(3)]
     for task_id in ids:
         assert_no_cleartext(task_id)
@@ -181,7 +181,7 @@ def test_a_signal_to_an_encrypted_task_is_stored_sealed_and_reaches_its_handler(
 def test_the_wake_up_of_an_encrypted_task_holds_the_signals_payload_sealed():
     # given: an encrypted task waiting for a signal
     task_id = encrypt_tasks.waits.enqueue(SECRET)
-    run_tasks(queues="encrypted")
+    run_tasks(queues="sealed")
 
     # when: the signal resumes it
     assert signal(task_id, "go", SECRET) == "resumed"
@@ -191,7 +191,7 @@ def test_the_wake_up_of_an_encrypted_task_holds_the_signals_payload_sealed():
     wake = json.loads(stored["wake"])
     assert (wake["reason"], wake["signal"], wake["payload"].keys()) == ("signal", "go", {MARKER})
     assert get_task(task_id).cleartext("wake")["payload"] == SECRET
-    assert run_tasks(queues="encrypted").runs[0].result["woken"]["payload"] == SECRET
+    assert run_tasks(queues="sealed").runs[0].result["woken"]["payload"] == SECRET
 
 
 @pytest.mark.django_db
@@ -215,7 +215,7 @@ def test_a_child_reads_its_encrypted_parents_result_in_clear():
     child = encrypt_tasks.reads_parents.using(after=[parent]).enqueue()
 
     # when: both run
-    result = run_tasks(queues="encrypted")
+    result = run_tasks(queues="sealed")
 
     # then: the child saw the parent's result decrypted; both rows hold it sealed
     assert result.counts["success"] == 2
@@ -263,9 +263,9 @@ def test_pgqueue_reencrypt_moves_every_payload_to_the_newest_key(capsys):
     # column filled: a finished one (result, progress), one waiting with a signal
     # delivered (signals, wake, checkpoint), and a pending one
     done = encrypt_tasks.sliced.enqueue(SECRET)
-    run_tasks(queues="encrypted", max_tasks=2)
+    run_tasks(queues="sealed", max_tasks=2)
     waiting = encrypt_tasks.waits.enqueue(SECRET)
-    run_tasks(queues="encrypted")
+    run_tasks(queues="sealed")
     signal(waiting, "other", SECRET)
     pending = encrypt_tasks.echo.enqueue(SECRET)
     plain = encrypt_tasks.plain_echo.enqueue(SECRET)
@@ -291,7 +291,7 @@ def test_pgqueue_reencrypt_moves_every_payload_to_the_newest_key(capsys):
         assert get_task(waiting).cleartext("signals") == {"other": SECRET}
         assert get_task(pending).cleartext("args") == [SECRET]
         signal(waiting, "go", "now")
-        assert run_tasks(queues="encrypted").counts["success"] == 3  # with the plain one
+        assert run_tasks(queues="sealed").counts["success"] == 3  # with the plain one
     assert raw(plain)["args"] == json.dumps([SECRET])
     # and a second run finds nothing to do
     with keys(NEW_KEY, OLD_KEY):
@@ -327,16 +327,39 @@ def test_the_tasks_framework_backend_reads_an_encrypted_tasks_result_back_in_cle
 
     with override_settings(PGQUEUE={**TEST_PGQUEUE, "ENCRYPT_ALL": True}):
         # when: a framework task is enqueued and run with every task encrypted
-        result = add.enqueue(40, 2)
-        assert_no_cleartext(int(result.id), "40")
+        result = add.enqueue(123456, 2)
+        assert_no_cleartext(int(result.id), "123456")
         run_tasks()
 
         # then: get_result gives its arguments and return value in clear
         fetched = add.get_backend().get_result(result.id)
-    assert fetched.args == [40, 2]
-    assert fetched.return_value == 42
+    assert fetched.args == [123456, 2]
+    assert fetched.return_value == 123458
     stored = raw(int(result.id))
     assert json.loads(stored["result"]).keys() == {MARKER}
+
+
+@pytest.mark.django_db
+def test_the_celery_layer_reads_an_encrypted_chains_results_in_clear(settings):
+    from tests.celery_project.proj import settings as proj_settings
+    from tests.celery_project.shop import tasks as celery_tasks
+
+    for name in dir(proj_settings):
+        if name.startswith("CELERY_"):
+            setattr(settings, name, getattr(proj_settings, name))
+    with override_settings(PGQUEUE={**TEST_PGQUEUE, "ENCRYPT_ALL": True}):
+        # when: a chain runs with every task encrypted (the second step reads the
+        # first's result as its argument)
+        result = (celery_tasks.add.s(123456, 1) | celery_tasks.mul.s(2)).apply_async()
+        run_tasks()
+
+        # then: its result, and its parent's, read back in clear
+        assert result.get(timeout=5) == 246914
+        assert result.parent.get(timeout=5) == 123457
+        assert result.parent.args == [123456, 1]
+    for task_id in (int(result.id), int(result.parent.id)):
+        stored = assert_no_cleartext(task_id, "123456", "123457", "246914")
+        assert json.loads(stored["result"]).keys() == {MARKER}
 
 
 # -- the admin ------------------------------------------------------------------------
@@ -368,9 +391,9 @@ def test_the_admin_shows_an_encrypted_tasks_payloads_only_with_decrypt_task(staf
     # given: an encrypted task that ran (args, kwargs, result, progress, checkpoint),
     # and one waiting with a signal delivered
     done = encrypt_tasks.sliced.enqueue(SECRET)
-    run_tasks(queues="encrypted")
+    run_tasks(queues="sealed")
     waiting = encrypt_tasks.waits.enqueue(SECRET)
-    run_tasks(queues="encrypted")
+    run_tasks(queues="sealed")
     signal(waiting, "other", SECRET)
 
     # when: a user who may only view tasks opens their pages
@@ -389,9 +412,9 @@ def test_the_admin_shows_an_encrypted_tasks_payloads_only_with_decrypt_task(staf
 @pytest.mark.django_db
 def test_a_user_with_decrypt_task_sees_an_encrypted_tasks_payloads_in_clear(staff):
     done = encrypt_tasks.sliced.enqueue(SECRET)
-    run_tasks(queues="encrypted")
+    run_tasks(queues="sealed")
     waiting = encrypt_tasks.waits.enqueue(SECRET)
-    run_tasks(queues="encrypted")
+    run_tasks(queues="sealed")
     signal(waiting, "other", SECRET)
 
     reader = staff("view_task", "decrypt_task")
@@ -465,7 +488,7 @@ def test_a_project_that_encrypts_nothing_never_imports_cryptography(db_url):
         "from django_pgqueue.testing import run_tasks\n"
         "from tests.encrypt_tasks import plain_echo\n"
         "plain_echo.enqueue('x')\n"
-        "assert run_tasks(queues='encrypted').counts['success'] == 1\n"
+        "assert run_tasks(queues='sealed').counts['success'] == 1\n"
         "print('ok')\n"
     )
     env = {**os.environ, "DJANGO_SETTINGS_MODULE": "tests.settings", "DATABASE_URL": db_url,
