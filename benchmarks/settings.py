@@ -53,6 +53,9 @@ PGQUEUE = {
         if os.environ.get("PGQUEUE_BENCH_PRUNE_BATCH")
         else {}
     ),
+    # W1 encrypted and W2a-encrypt: the key of sealed_noop's payloads (a benchmark's own;
+    # plain tasks never use it).
+    "ENCRYPTION_KEYS": ["b3vb8cHi1DDFP1yuXr3wqfjILx9lIGn0wbqVc1ExmF4="],
     # W2a-async: the opt-in asynchronous claims, measured against the default.
     "ASYNC_CLAIMS": os.environ.get("PGQUEUE_BENCH_ASYNC_CLAIMS") == "1",
     # To measure other prefetch depths than the default (CONCURRENCY).

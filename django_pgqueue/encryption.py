@@ -10,7 +10,7 @@ stored as a *sealed value*, a JSON object of one key::
 so the columns stay valid ``jsonb``. Which columns (``PAYLOAD_COLUMNS``):
 
 - ``args``, ``kwargs``, ``result``, ``checkpoint``, ``progress``: the value, sealed
-  whole (SQL NULL stays NULL);
+  whole (SQL NULL stays NULL, and no keyword arguments stay ``{}``);
 - ``signals``: an object of signal name -> sealed payload (the names stay in clear);
 - ``wake``: the queue's record of what woke the task, with a signal's payload sealed
   under ``"payload"``.

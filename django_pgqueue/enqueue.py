@@ -126,7 +126,8 @@ def build_row(
         encrypt = encryption.chosen(definition.encrypt)
         if encrypt:  # measured in clear (MAX_ARGS_BYTES), stored sealed
             row["args"] = encryption.seal_text(row["args"])
-            row["kwargs"] = encryption.seal_text(row["kwargs"])
+            if kwargs:  # no kwargs stay {}: nothing to hide, and a Fernet call saved
+                row["kwargs"] = encryption.seal_text(row["kwargs"])
         # Stored only once the whole row validated: a cached definition's options are
         # valid, so the per-call checks below raise what _build_row would have raised.
         constant = {k: v for k, v in row.items() if k not in PER_CALL}
@@ -145,7 +146,8 @@ def build_row(
     row = cached[1].copy()
     if cached[2]:
         args_json = encryption.seal_text(args_json)
-        kwargs_json = encryption.seal_text(kwargs_json)
+        if kwargs:
+            kwargs_json = encryption.seal_text(kwargs_json)
     row["args"] = args_json
     row["kwargs"] = kwargs_json
     trace = _trace_context()
@@ -525,7 +527,7 @@ def enqueue_many(definition: TaskDefinition, calls: Iterable[Any]) -> list[int]:
     _check_sizes(args_list, kwargs_list, args_json, kwargs_json)
     if encryption.chosen(definition.encrypt):
         args_list = [encryption.seal(args) for args in args_list]
-        kwargs_list = [encryption.seal(kwargs) for kwargs in kwargs_list]
+        kwargs_list = [encryption.seal(kwargs) if kwargs else kwargs for kwargs in kwargs_list]
         args_json, kwargs_json = dumps(args_list), dumps(kwargs_list)
     alias = database_for(shared["queue"])
     check_transaction(definition, shared["queue"], alias, "enqueue_many()")

@@ -37,6 +37,13 @@ def reads_parents(context: TaskContext) -> dict[str, Any]:
     return {str(k): v["result"] for k, v in context.parent_results().items()}
 
 
+@task(encrypt=True, queue="sealed", takes_context=True, atomic=True)
+def atomic_echo(context: TaskContext, secret: str) -> str:
+    """Its progress is held until its transaction commits with its result."""
+    context.report_progress({"at": secret})
+    return secret
+
+
 @task(encrypt=True, queue="sealed")
 async def echo_async(secret: str) -> str:
     return secret.upper()

@@ -106,6 +106,7 @@ def test_enqueue_many_encrypts_each_call_on_its_own():
     # and runs with its own arguments
     tokens = {raw(task_id)["args"] for task_id in ids}
     assert len(tokens) == 3
+    assert {raw(task_id)["kwargs"] for task_id in ids} == {"{}"}  # none: nothing to hide
     for task_id in ids:
         assert_no_cleartext(task_id)
     result = run_tasks(queues="sealed")
@@ -222,6 +223,17 @@ def test_a_child_reads_its_encrypted_parents_result_in_clear():
     assert get_task(child).cleartext("result") == {str(parent): {"echo": SECRET, "note": None}}
     assert_no_cleartext(parent)
     assert_no_cleartext(child)
+
+
+@pytest.mark.django_db
+def test_an_atomic_encrypted_task_commits_its_result_and_progress_sealed():
+    task_id = encrypt_tasks.atomic_echo.enqueue(SECRET)
+
+    assert run_tasks(queues="sealed").counts["success"] == 1
+
+    assert_no_cleartext(task_id)
+    task = get_task(task_id)
+    assert (task.cleartext("result"), task.cleartext("progress")) == (SECRET, {"at": SECRET})
 
 
 # -- a missing key --------------------------------------------------------------------
