@@ -67,18 +67,6 @@ def seal_text(text: str) -> str:
     return f'{{"{MARKER}":"{token}"}}'  # a token is url-safe base64: nothing to escape
 
 
-def seal_if_possible(text: str) -> str | None:
-    """``seal_text(text)``, or None where nothing can be sealed (no keys, no
-    ``cryptography``): for a writer that does not know yet whether its row is
-    encrypted (a signal)."""
-    if not _keys_setting():
-        return None
-    try:
-        return seal_text(text)
-    except EncryptionError:
-        return None
-
-
 def seal(value: Any) -> Any:
     """``value`` sealed; None stays None (no result, no checkpoint)."""
     if value is None:

@@ -108,23 +108,43 @@ def signal(
     check_size(SIGNAL_LIMIT, body)
     conf = get_settings()
     bounds = {"max_names": conf.MAX_TASK_SIGNALS, "max_bytes": conf.MAX_TASK_SIGNALS_BYTES}
-    # Sealed too, for an encrypted task (the statement picks by the row).
-    sealed = encryption.seal_if_possible(body)
-    params = {"id": task_id, "name": name, "payload": body, "sealed": sealed, **bounds}
     with connections[_alias(database)].cursor() as cursor:
-        cursor.execute(QUERIES["signal_task"], params)
-        row = cursor.fetchone()
+        cursor.execute(QUERIES["task_encrypted"], {"id": task_id})
+        found = cursor.fetchone()
+        encrypted = bool(found and found[0])
+        for _ in range(2):  # a second time if the row was replaced by another kind
+            sent = _signal_payload(task_id, name, body, encrypted)
+            params = {"id": task_id, "name": name, "payload": sent, "sealed": encrypted}
+            cursor.execute(QUERIES["signal_task"], {**params, **bounds})
+            row = cursor.fetchone()
+            if row is None or row[-1] == encrypted:
+                break
+            encrypted = row[-1]
+        else:
+            raise InvalidTaskError(
+                f"signal {short_repr(name)} to task {task_id}: the task was replaced twice "
+                "while the signal was sent; nothing was sent, send it again"
+            )
     if row is None:
         return None
-    _, _, resumed, _, fits, names, size, unsealed = row
-    if unsealed:
-        raise EncryptionError(
-            f"signal {short_repr(name)} to task {task_id}: the task is encrypted, and its "
-            f"payload cannot be encrypted here: {encryption.key_problem()}; nothing was sent"
-        )
+    _, _, resumed, _, fits, names, size, _ = row
     if not fits:
         raise PayloadTooLarge(_signals_too_large(task_id, name, names, size, **bounds))
     return "resumed" if resumed else "stored"
+
+
+def _signal_payload(task_id: int, name: str, body: str, encrypted: bool) -> str:
+    """The payload's JSON as the task's row takes it: sealed for an encrypted task
+    (EncryptionError, nothing sent, where this process cannot encrypt)."""
+    if not encrypted:
+        return body
+    try:
+        return encryption.seal_text(body)
+    except EncryptionError as exc:
+        raise EncryptionError(
+            f"signal {short_repr(name)} to task {task_id}: the task is encrypted, and its "
+            f"payload cannot be encrypted here: {exc}; nothing was sent"
+        ) from None
 
 
 def _signals_too_large(

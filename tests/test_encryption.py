@@ -17,6 +17,7 @@ from django.core.checks import run_checks
 from django.core.management import CommandError, call_command
 from django.db import connection
 from django.test import override_settings
+from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 
 from django_pgqueue import get_task, signal
@@ -193,6 +194,20 @@ def test_the_wake_up_of_an_encrypted_task_holds_the_signals_payload_sealed():
     assert (wake["reason"], wake["signal"], wake["payload"].keys()) == ("signal", "go", {MARKER})
     assert get_task(task_id).cleartext("wake")["payload"] == SECRET
     assert run_tasks(queues="sealed").runs[0].result["woken"]["payload"] == SECRET
+
+
+@pytest.mark.django_db
+def test_no_cleartext_of_an_encrypted_task_is_sent_to_the_database():
+    # when: an encrypted task is enqueued, and signalled, under Django's query log
+    with CaptureQueriesContext(connection) as queries:
+        task_id = encrypt_tasks.waits.enqueue(SECRET)
+        signal(task_id, "go", {"card": SECRET})
+
+    # then: no statement carried the secret (a server's log, pg_stat_activity and a
+    # statement's error would show it), and the signal was stored, sealed
+    assert len(queries.captured_queries) >= 3
+    assert not [q["sql"] for q in queries.captured_queries if SECRET in q["sql"]]
+    assert get_task(task_id).cleartext("signals") == {"go": {"card": SECRET}}
 
 
 @pytest.mark.django_db

@@ -815,11 +815,11 @@ SELECT p.id, p.task_name, p.state, p.result, p.errors -> -1 ->> 'message',
 -- from outside the worker. The row lock (old, by primary key) serialises it with a
 -- settlement of the same row: either the settlement sees the signal, or this sees the
 -- task waiting. A finished task takes no signal (no row is returned).
--- Encrypted: an encrypted row (its args are an object: encryption.py) takes the payload
--- encrypted, %(sealed)s, and a plain row %(payload)s, so the sender need not read the
--- row first. %(sealed)s is NULL where the sender cannot encrypt (no keys): an
--- encrypted row then takes nothing, and comes back with encrypted true for the sender
--- to refuse.
+-- Encrypted: the payload is sealed (%(sealed)s) for an encrypted row (its args are an
+-- object: encryption.py), plain for a plain row; the sender reads which first
+-- (task_encrypted), so no cleartext is sent for an encrypted row. A row of the other
+-- kind (replaced meanwhile by an enqueue with on_conflict="replace") takes nothing and
+-- comes back with its own kind, for the sender to send again.
 -- Bounded: signals keeps each name's last payload until the task ends, so the value
 -- the row would hold with this signal (names, and bytes as PostgreSQL writes it as
 -- JSON text) is measured on the locked row, and past %(max_names)s or %(max_bytes)s
@@ -828,17 +828,14 @@ SELECT p.id, p.task_name, p.state, p.result, p.errors -> -1 ->> 'message',
 -- at once cannot both pass a bound that only one fits. The bytes are only counted
 -- with a bound (the value is written out as text for it).
 WITH old AS MATERIALIZED (
-    SELECT t.id, p.encrypted, p.payload,
+    SELECT t.id, jsonb_typeof(t.args) = 'object' AS encrypted,
            (t.state = 'waiting' AND t.wait_reason = 'signal'
             AND t.wait_signal = %(name)s::text) AS resumes,
            (SELECT count(*) FROM jsonb_object_keys(t.signals || n.signal)) AS names,
            CASE WHEN %(max_bytes)s::bigint IS NOT NULL
                 THEN octet_length((t.signals || n.signal)::text) END AS bytes
       FROM pgqueue_task AS t,
-           LATERAL (SELECT jsonb_typeof(t.args) = 'object',
-                           CASE WHEN jsonb_typeof(t.args) = 'object' THEN %(sealed)s::jsonb
-                                ELSE %(payload)s::jsonb END) AS p(encrypted, payload),
-           LATERAL (SELECT jsonb_build_object(%(name)s::text, p.payload)) AS n(signal)
+           (SELECT jsonb_build_object(%(name)s::text, %(payload)s::jsonb)) AS n(signal)
      WHERE t.id = %(id)s
        AND t.state IN ('scheduled', 'pending', 'running', 'waiting')
        FOR NO KEY UPDATE OF t
@@ -851,12 +848,12 @@ bounded AS MATERIALIZED (
 ),
 signalled AS (
     UPDATE pgqueue_task AS t
-       SET signals = t.signals || jsonb_build_object(%(name)s::text, o.payload),
+       SET signals = t.signals || jsonb_build_object(%(name)s::text, %(payload)s::jsonb),
            state = CASE WHEN o.resumes THEN 'pending' ELSE t.state END,
            run_at = CASE WHEN o.resumes THEN now() ELSE t.run_at END,
            wake = CASE WHEN o.resumes
                        THEN jsonb_build_object('reason', 'signal', 'signal', %(name)s::text,
-                                               'payload', o.payload)
+                                               'payload', %(payload)s::jsonb)
                        ELSE t.wake END,
            wait_reason = CASE WHEN o.resumes THEN NULL ELSE t.wait_reason END,
            wait_signal = CASE WHEN o.resumes THEN NULL ELSE t.wait_signal END,
@@ -864,15 +861,22 @@ signalled AS (
       FROM bounded AS o
      WHERE t.id = o.id
        AND o.fits
-       AND o.payload IS NOT NULL
+       AND o.encrypted = %(sealed)s
     RETURNING t.id, t.queue, t.state, o.resumes
 )
 SELECT o.id, s.state, COALESCE(s.resumes, false) AS resumes,
        CASE WHEN s.resumes
             THEN pg_notify('pgqueue_' || (hashtext(s.queue) & 63), s.queue)::text END,
-       o.fits, o.names, o.bytes, o.encrypted AND o.payload IS NULL AS unsealed
+       o.fits, o.names, o.bytes, o.encrypted
   FROM bounded AS o
   LEFT JOIN signalled AS s ON s.id = o.id;
+
+
+-- name: task_encrypted
+-- signal(): whether a task's payloads are encrypted (its args are an object), read
+-- before signal_task so that an encrypted task's payload is sent sealed only. By
+-- primary key; no row for no task.
+SELECT jsonb_typeof(args) = 'object' FROM pgqueue_task WHERE id = %(id)s;
 
 
 -- name: lock_limited_queues
