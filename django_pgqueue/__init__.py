@@ -25,6 +25,7 @@ from django_pgqueue.context import TaskContext
 from django_pgqueue.exceptions import (
     Cancelled,
     Continue,
+    EncryptionError,
     InvalidTaskError,
     LeaseLost,
     PayloadTooLarge,
@@ -58,6 +59,7 @@ from django_pgqueue.runtime_schedules import (
 __all__ = [
     "Cancelled",
     "Continue",
+    "EncryptionError",
     "InvalidScheduleError",
     "InvalidTaskError",
     "LeaseLost",

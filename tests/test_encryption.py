@@ -283,6 +283,15 @@ def test_a_worker_without_the_key_fails_the_task_clearly_and_keeps_its_ciphertex
     assert get_task(task_id).cleartext("result") == {"echo": SECRET, "note": None}
 
 
+@pytest.mark.django_db(transaction=True)
+def test_a_worker_with_encrypted_tasks_and_no_key_refuses_to_start(start_worker):
+    worker = start_worker(*QUEUE, env={"PGQUEUE_TEST_ENCRYPTION_KEYS": ""}, wait=False)
+
+    assert worker.wait() != 0
+    assert "PGQUEUE['ENCRYPTION_KEYS'] is empty" in worker.log()
+    assert "encrypted tasks cannot run without it" in worker.log()
+
+
 # -- rotation -------------------------------------------------------------------------
 @pytest.mark.django_db
 def test_pgqueue_reencrypt_moves_every_payload_to_the_newest_key(capsys):
