@@ -23,7 +23,7 @@ step with this table.
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass, make_dataclass
+from dataclasses import dataclass, field, make_dataclass
 from typing import Any, NamedTuple
 
 from django.conf import settings as django_settings
@@ -574,7 +574,8 @@ _MUTABLE_DEFAULTS = frozenset(k for k, v in DEFAULTS.items() if isinstance(v, li
 
 PgQueueSettings = make_dataclass(
     "PgQueueSettings",
-    [(s.name, s.annotation) for s in SETTINGS],
+    # A secret (ENCRYPTION_KEYS) is left out of the repr, should the settings be logged.
+    [(s.name, s.annotation, field(repr=not s.secret)) for s in SETTINGS],
     frozen=True,
     namespace={
         "__doc__": "The effective settings: one attribute per row of SETTINGS.",

@@ -21,6 +21,7 @@ from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 
 from django_pgqueue import get_task, signal
+from django_pgqueue.conf import get_settings
 from django_pgqueue.encryption import MARKER
 from django_pgqueue.exceptions import EncryptionError
 from django_pgqueue.models import Task
@@ -503,6 +504,7 @@ def test_a_check_reports_a_value_that_is_no_key_without_quoting_it():
     bad = "not-a-key-" + "s" * 30
     with override_settings(PGQUEUE={**TEST_PGQUEUE, "ENCRYPTION_KEYS": [OLD_KEY, bad]}):
         errors = [m for m in run_checks() if m.id == "django_pgqueue.E050"]
+        shown = repr(get_settings())  # as a log or an error report would print them
     with override_settings(PGQUEUE={**TEST_PGQUEUE, "ENCRYPTION_KEYS": bad}):
         kind = [m for m in run_checks() if m.id == "django_pgqueue.E010"]
 
@@ -512,6 +514,7 @@ def test_a_check_reports_a_value_that_is_no_key_without_quoting_it():
     assert "must be a list of strings, not a str" in wrong_kind.msg
     for message in (error, wrong_kind):
         assert bad not in f"{message.msg} {message.hint}"
+    assert OLD_KEY not in shown and bad not in shown
 
 
 @pytest.mark.django_db(transaction=True)
