@@ -39,7 +39,9 @@ PGQUEUE = {
     "TASK_MODULES": ["benchmarks.tasks"]
     + (["benchmarks.async_tasks"] if os.environ.get("PGQUEUE_BENCH_ASYNC_TASKS") == "1" else [])
     # W2a-keys: tasks with a per-key rate or concurrency that never binds.
-    + (["benchmarks.key_tasks"] if os.environ.get("PGQUEUE_BENCH_KEYS") == "1" else []),
+    + (["benchmarks.key_tasks"] if os.environ.get("PGQUEUE_BENCH_KEYS") == "1" else [])
+    # python -m benchmarks.tenants: fair, sequenced and batch tasks.
+    + (["benchmarks.tenant_tasks"] if os.environ.get("PGQUEUE_BENCH_TENANTS") == "1" else []),
     # benchmarks/history.py: retention at a sustained rate, with a short time to live and
     # a short prune interval (the suite's other workloads keep every row for the run).
     "PRUNE_INTERVAL": float(os.environ.get("PGQUEUE_BENCH_PRUNE_INTERVAL", 3600.0)),

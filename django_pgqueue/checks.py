@@ -27,6 +27,7 @@ from django_pgqueue.conf import (
     unknown_keys,
 )
 from django_pgqueue.exceptions import InvalidTaskError
+from django_pgqueue.fairness import parse_weights
 from django_pgqueue.limits import parse_limits
 from django_pgqueue.registry import missing_task_modules, registry, validate_queue
 
@@ -77,6 +78,13 @@ def check_settings(app_configs, **kwargs):
         except ValueError as exc:
             messages.append(
                 Error(str(exc), hint=f"See {DOCS_URL}/limits.md.", id="django_pgqueue.E020")
+            )
+    if "FAIR_WEIGHTS" in project and "FAIR_WEIGHTS" not in invalid:
+        try:
+            parse_weights(project["FAIR_WEIGHTS"])
+        except ValueError as exc:
+            messages.append(
+                Error(str(exc), hint=f"See {DOCS_URL}/tenants.md.", id="django_pgqueue.E022")
             )
     if "MIDDLEWARE" in project and "MIDDLEWARE" not in invalid:
         messages.extend(_check_middleware(project["MIDDLEWARE"]))

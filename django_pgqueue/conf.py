@@ -240,6 +240,12 @@ SETTINGS: tuple[Setting, ...] = (
         "'rate': 'N/period'}} (docs/limits.md). Every worker must have the same.",
     ),
     Setting(
+        "FAIR_WEIGHTS", {}, dict,
+        "Fair-share weights of keys: {key or 'prefix*': weight}. A key with weight w gets "
+        "w times the slots of a key of weight 1 while both have due work; unlisted keys "
+        "weigh 1 (docs/tenants.md).",
+    ),
+    Setting(
         "CONCURRENCY", 10, int,
         "Handler slots per worker process.",
         flag="--concurrency", help="handler slots per process", option="concurrency",

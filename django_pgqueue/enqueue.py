@@ -20,6 +20,7 @@ from django_pgqueue import encryption, tracing
 from django_pgqueue.conf import database_for, migrate_command
 from django_pgqueue.enqueue_cursor import enqueue_cursor
 from django_pgqueue.exceptions import InvalidTaskError, TransactionDatabaseError
+from django_pgqueue.fairness import fair_weights
 from django_pgqueue.middleware import before_enqueue
 from django_pgqueue.payload import (
     ARGS_LIMIT,
@@ -95,7 +96,7 @@ def _interval(seconds: float | None) -> timedelta | None:
 # context of the moment); every other key depends only on the task definition, its
 # options and the settings, so build_row computes it once per definition (_constant).
 # An option whose value is computed per call must be added here.
-PER_CALL = frozenset({"args", "kwargs", "metadata", "concurrency_key"})
+PER_CALL = frozenset({"args", "kwargs", "metadata", "concurrency_key", "fair_key", "fair_weight"})
 _EMPTY_JSON = "{}"
 _settings_generation = 0
 
@@ -134,6 +135,8 @@ def build_row(
         constant["after"] = tuple(row["after"])
         if definition.concurrency_key is None or definition.options.concurrency_key is not None:
             constant["concurrency_key"] = row["concurrency_key"]
+        if definition.fair_key is None:
+            constant["fair_key"] = constant["fair_weight"] = None
         object.__setattr__(
             definition, "_pgqueue_row", (_settings_generation, constant, encrypt)
         )
@@ -161,6 +164,8 @@ def build_row(
     if "concurrency_key" not in row:
         key = _key_of(definition, args, kwargs) if key_per_call else None
         row["concurrency_key"] = _check_key(key, "concurrency_key")
+    if "fair_key" not in row:
+        row["fair_key"], row["fair_weight"] = _fair_key(definition, args, kwargs, key_per_call)
     row["after"] = list(row["after"])  # a list of its own per row
     return row
 
@@ -191,6 +196,7 @@ def _build_row(
     concurrency_key = opts.concurrency_key
     if concurrency_key is None and definition.concurrency_key is not None and key_per_call:
         concurrency_key = _key_of(definition, args, kwargs)
+    fair_key, fair_weight = _fair_key(definition, args, kwargs, key_per_call)
     return {
         "id": None,
         "queue": opts.queue or definition.queue,
@@ -212,6 +218,8 @@ def _build_row(
         "unique": unique,
         "metadata": metadata_json,
         "concurrency_key": _check_key(concurrency_key, "concurrency_key"),
+        "fair_key": fair_key,
+        "fair_weight": fair_weight,
         "after": list(opts.after),
         "proceed": opts.after_failure == "run",
         # Expiry: a time, or seconds after the enqueue statement (the database's clock).
@@ -267,6 +275,34 @@ def _key_of(definition: TaskDefinition, args: Any, kwargs: dict[str, Any]) -> An
             f"{type(exc).__name__}: {exc}"
         ) from exc
     return _check_key(key, f"the key of task {definition.name!r} (its concurrency_key function)")
+
+
+def _fair_key(
+    definition: TaskDefinition, args: Any, kwargs: dict[str, Any], key_per_call: bool = True
+) -> tuple[str | None, float | None]:
+    """A fair task's key for this call and the weight FAIR_WEIGHTS gives it: the key
+    of ``using(fair_key=...)``, else the task's function's (the key "" when it returns
+    None: the calls without a key share one flow). (None, None) for other tasks, and
+    for enqueue_many's shared row (``key_per_call=False``), which keys each call."""
+    if definition.fair_key is None:
+        return None, None
+    key = definition.options.fair_key
+    if key is None and not key_per_call:
+        return None, None
+    if key is None:
+        try:
+            key = definition.fair_key(*args, **kwargs)
+        except Exception as exc:
+            raise InvalidTaskError(
+                f"the fair_key function of task {definition.name!r} raised "
+                f"{type(exc).__name__}: {exc}"
+            ) from exc
+        key = _check_key(key, f"the key of task {definition.name!r} (its fair_key function)")
+    else:
+        key = _check_key(key, "fair_key")
+    if key is None:
+        return "", 1.0
+    return key, fair_weights().of(key)
 
 
 _propagate: Any = None
@@ -357,7 +393,10 @@ def _insert_row(alias: str, row: dict[str, Any]) -> tuple[int, datetime]:
         return _insert_after(alias, row)
     if row["unique"] is not None:
         return _insert_unique(alias, row)
-    query = QUERIES["enqueue_unique" if row["unique_key"] else "enqueue"]
+    if row["fair_key"] is not None:
+        query = QUERIES["enqueue_fair"]
+    else:
+        query = QUERIES["enqueue_unique" if row["unique_key"] else "enqueue"]
     with enqueue_cursor(connections[alias]) as cursor:
         cursor.execute(query, row)
         found = cursor.fetchone()
@@ -395,7 +434,8 @@ def _insert_unique(alias: str, row: dict[str, Any]) -> tuple[int, datetime]:
             cursor.execute(QUERIES["find_unique"], find)
             found = cursor.fetchone()
             if found is None:
-                cursor.execute(QUERIES["enqueue_unique"], row)
+                insert = "enqueue_unique" if row["fair_key"] is None else "enqueue_fair"
+                cursor.execute(QUERIES[insert], row)
                 inserted = cursor.fetchone()
                 if inserted is not None:
                     return inserted[0], inserted[1]
@@ -508,9 +548,11 @@ def enqueue_many(definition: TaskDefinition, calls: Iterable[Any]) -> list[int]:
     """
     shared = build_row(definition, (), {}, key_per_call=False)
     keyed = shared["concurrency_key"] is None and definition.concurrency_key is not None
+    fair = definition.fair_key is not None
     args_list: list[Any] = []
     kwargs_list: list[Any] = []
     keys_list: list[str | None] = []
+    fair_keys: list[tuple[str | None, float | None]] = []
     for index, item in enumerate(calls):
         args, kwargs = _split_call(item)
         try:
@@ -519,6 +561,8 @@ def enqueue_many(definition: TaskDefinition, calls: Iterable[Any]) -> list[int]:
             if keyed:
                 key = _check_key(_key_of(definition, args, kwargs), "concurrency_key")
                 keys_list.append(key)
+            if fair:
+                fair_keys.append(_fair_key(definition, args, kwargs))
         except InvalidTaskError as exc:
             raise InvalidTaskError(f"item {index}: {exc}") from exc
     if not args_list:
@@ -531,28 +575,33 @@ def enqueue_many(definition: TaskDefinition, calls: Iterable[Any]) -> list[int]:
         args_json, kwargs_json = dumps(args_list), dumps(kwargs_list)
     alias = database_for(shared["queue"])
     check_transaction(definition, shared["queue"], alias, "enqueue_many()")
+    def one(i: int) -> dict[str, Any]:
+        """The row of call ``i`` alone (for the paths that insert calls one by one)."""
+        row = {**shared, "args": dumps(args_list[i]), "kwargs": dumps(kwargs_list[i])}
+        if keyed:
+            row["concurrency_key"] = keys_list[i]
+        if fair:
+            row["fair_key"], row["fair_weight"] = fair_keys[i]
+        return row
+
     if shared["after"]:
         # Each row waits on its own edges: one statement per call.
-        return [
-            _insert(alias, {**shared, "args": dumps(a), "kwargs": dumps(k),
-                            **({"concurrency_key": keys_list[i]} if keyed else {})})[0]
-            for i, (a, k) in enumerate(zip(args_list, kwargs_list, strict=True))
-        ]  # fmt: skip
+        return [_insert(alias, one(i))[0] for i in range(len(args_list))]
     if shared["unique_key"] is not None:
         pick = -1 if shared["unique"] is not None and shared["unique"].replace else 0
-        first = {**shared, "args": dumps(args_list[pick]), "kwargs": dumps(kwargs_list[pick])}
-        if keyed:
-            first["concurrency_key"] = keys_list[pick]
-        return [_insert(alias, first)[0]] * len(args_list)
+        return [_insert(alias, one(pick % len(args_list)))[0]] * len(args_list)
     params = {
         **shared,
         "args_list": args_json,
         "kwargs_list": kwargs_json,
         "keys_list": dumps(keys_list) if keyed else None,
     }
+    if fair:
+        params["fair_keys_list"] = dumps([key for key, _ in fair_keys])
+        params["fair_weights_list"] = dumps([weight for _, weight in fair_keys])
     try:
         with enqueue_cursor(connections[alias]) as cursor:
-            cursor.execute(QUERIES["enqueue_many"], params)
+            cursor.execute(QUERIES["enqueue_many_fair" if fair else "enqueue_many"], params)
             return [row[0] for row in cursor.fetchall()]
     except ProgrammingError as exc:
         _raise_if_not_migrated(exc, alias)

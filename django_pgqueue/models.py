@@ -95,6 +95,12 @@ class Task(models.Model):
     # claim or the stager ends it cancelled, with an Expired error. NULL: never expires.
     # A row waiting for its parents waits until then at most (wait_until).
     expires_at = models.DateTimeField(null=True, blank=True)
+    # Fair share (docs/tenants.md): the key whose flow the task belongs to (NULL: not a
+    # fair task; "" for a fair task whose key function returned None), and its place in
+    # its flow, the virtual start time the claim orders it by within its priority. Set
+    # when the row becomes due (enqueue, stage); NULL until then.
+    fair_key = models.CharField(max_length=255, null=True, blank=True)
+    fair_tag = models.FloatField(null=True, blank=True)
 
     class Meta:
         db_table = "pgqueue_task"
@@ -150,6 +156,27 @@ class Task(models.Model):
                 fields=["state", "finished_at"],
                 name="pgqueue_task_retention",
                 condition=Q(state__in=["succeeded", "failed", "cancelled"]),
+            ),
+            # Fair share (docs/tenants.md): the claim of a fair route, an index-ordered
+            # top-N by priority, then virtual start time, whatever the number of keys.
+            # Only pending rows with a fair key: other tasks write nothing to it.
+            models.Index(
+                "queue",
+                "task_name",
+                "handler_version",
+                models.F("priority").desc(),
+                models.F("fair_tag").asc(nulls_first=True),
+                "id",
+                name="pgqueue_task_fair",
+                condition=Q(state="pending", fair_key__isnull=False),
+            ),
+            # The last place of one flow (route, key, priority): where a task that joins
+            # it goes (enqueue, stage). One probe per key.
+            models.Index(
+                fields=["queue", "task_name", "handler_version", "fair_key", "priority",
+                        "fair_tag"],
+                name="pgqueue_task_fair_flow",
+                condition=Q(state="pending", fair_key__isnull=False),
             ),
             # Suspensions with a timeout, by when they time out: the stager wakes them.
             models.Index(
@@ -312,6 +339,30 @@ class KeyRate(models.Model):
 
     def __str__(self) -> str:
         return f"{self.queue}:{self.key}"
+
+
+class FairWeight(models.Model):
+    """A fair-share weight set at runtime (operations.set_fair_weight, the
+    ``pgqueue_fair`` command): for one key, or for every key that starts with a prefix
+    (``key`` ends with ``*``). It wins over PGQUEUE["FAIR_WEIGHTS"] for the keys it
+    matches, from the next task of those keys that becomes due (docs/tenants.md)."""
+
+    key = models.CharField(max_length=256, primary_key=True)
+    weight = models.FloatField()
+    set_at = models.DateTimeField(db_default=Now())
+
+    class Meta:
+        db_table = "pgqueue_fair_weight"
+        ordering = ["key"]
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(weight__gt=0, weight__lte=1_000_000),
+                name="pgqueue_fair_weight_range",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.key}: {self.weight:g}"
 
 
 class Worker(models.Model):

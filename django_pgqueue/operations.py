@@ -23,13 +23,14 @@ from django.db import IntegrityError, connections, transaction
 
 from django_pgqueue import encryption, retention
 from django_pgqueue.archive import Archive
-from django_pgqueue.conf import database_for, get_settings, read_database
+from django_pgqueue.conf import database_for, get_settings, queue_databases, read_database
 from django_pgqueue.exceptions import (
     EncryptionError,
     InvalidTaskError,
     PayloadTooLarge,
     TaskDoesNotExist,
 )
+from django_pgqueue.fairness import validate_pattern, validate_weight
 from django_pgqueue.payload import (
     SIGNAL_LIMIT,
     check_json,
@@ -197,6 +198,69 @@ def resume(queue: str, task_name: str | None = None) -> bool:
     with connections[database_for(queue)].cursor() as cursor:
         cursor.execute(QUERIES["resume_queue"], {"queue": queue, "task_name": task_name})
         return cursor.fetchone() is not None
+
+
+def set_fair_weight(key: str, weight: float, database: str | None = None) -> None:
+    """Give a fair-share key (or every key starting with a prefix: ``"customer:vip-*"``)
+    a weight at runtime (docs/tenants.md): it wins over PGQUEUE["FAIR_WEIGHTS"] for the
+    tasks of matching keys that become due from then on. Written on ``database``, or on
+    every database that holds queues."""
+    key, weight = _fair_weight_args(key, weight)
+    for alias in _weight_databases(database):
+        with connections[alias].cursor() as cursor:
+            cursor.execute(QUERIES["set_fair_weight"], {"key": key, "weight": weight})
+
+
+def clear_fair_weight(key: str, database: str | None = None) -> bool:
+    """Remove the runtime weight of a key or prefix (the keys fall back on
+    FAIR_WEIGHTS). False if there was none."""
+    key, _ = _fair_weight_args(key, 1)
+    cleared = False
+    for alias in _weight_databases(database):
+        with connections[alias].cursor() as cursor:
+            cursor.execute(QUERIES["clear_fair_weight"], {"key": key})
+            cleared = cursor.fetchone() is not None or cleared
+    return cleared
+
+
+def runtime_fair_weights(using: str | None = None) -> dict[str, float]:
+    """The weights set at runtime: ``{key or 'prefix*': weight}`` (on ``using``, default
+    DATABASE)."""
+    return {row[0]: row[1] for row in _fetchall("fair_weights", {}, _alias(using))}
+
+
+def fair_shares(
+    queue: str | None = None,
+    search: str | None = None,
+    limit: int = 20,
+    seconds: float = 60.0,
+    using: str | None = None,
+) -> list[dict[str, Any]]:
+    """Who is getting what (docs/tenants.md): per fair key of ``queue`` (None: every
+    queue), ``{"queue", "key", "pending", "running", "started"}``, ``started`` being the
+    tasks started within the last ``seconds`` (sampled on a busy queue, see
+    queries.sql: fair_shares), for the ``limit`` keys that started the most; ``search``
+    keeps the keys that contain it. Read from the read database unless ``using``."""
+    if queue is not None:
+        validate_queue(queue)
+    params = {"queue": queue, "search": search or None, "limit": limit, "seconds": seconds,
+              "sample": FAIR_SHARES_SAMPLE}  # fmt: skip
+    return _dicts("fair_shares", params, using)
+
+
+# Ended tasks per state fair_shares reads at most to count the recent starts.
+FAIR_SHARES_SAMPLE = 10_000
+
+
+def _fair_weight_args(key: Any, weight: Any) -> tuple[str, float]:
+    try:
+        return validate_pattern(key), validate_weight(weight)
+    except ValueError as exc:
+        raise InvalidTaskError(str(exc)) from None
+
+
+def _weight_databases(database: str | None) -> list[str]:
+    return [database] if database else queue_databases()
 
 
 def pauses(using: str | None = None) -> dict[str, dict[str, Any]]:

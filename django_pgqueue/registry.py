@@ -80,6 +80,7 @@ OPTION_NAMES = (
     "metadata",
     "commit_alias",
     "concurrency_key",
+    "fair_key",
     "after",
     "after_failure",
     "retry_on",
@@ -124,6 +125,7 @@ class UsingOptions(TypedDict, total=False):
     metadata: dict[str, Any]
     commit_alias: str | None
     concurrency_key: str | None
+    fair_key: str | None
     after: int | _HasId | Iterable[int | _HasId]
     after_failure: Literal["cancel", "run"]
     retry_on: type[BaseException] | tuple[type[BaseException], ...] | None
@@ -149,6 +151,7 @@ class TaskOptions(TypedDict, total=False):
     concurrency_key: Callable[..., str | None] | None
     key_concurrency: int | None
     key_rate: str | None
+    fair_key: Callable[..., str | None] | None
     retry_on: type[BaseException] | tuple[type[BaseException], ...] | None
     discard_on: type[BaseException] | tuple[type[BaseException], ...]
     expires: float | timedelta | None
@@ -410,6 +413,8 @@ class EnqueueOptions:
     metadata: dict[str, Any] = field(default_factory=dict)
     commit_alias: str | None = None
     concurrency_key: str | None = None
+    # Fair share (docs/tenants.md): this call's key, instead of the task's function's.
+    fair_key: str | None = None
     # Dependencies (docs/workflows.md): the ids of the tasks this one waits for, and
     # what a parent that failed or was cancelled does to it ("cancel" or "run").
     after: tuple[int, ...] = ()
@@ -454,6 +459,10 @@ class TaskDefinition(Generic[P, R]):
     # Per-key rate (docs/limits.md): at most key_rate.count starts per key_rate.seconds
     # per (queue, key), fleet-wide (a limits.Rate; None: no rate per key).
     key_rate: Any = None
+    # Fair share (docs/tenants.md): the key of a call, computed at enqueue from its
+    # arguments (or given by using(fair_key=...)); keys share the slots of a task by
+    # their weights. None: not a fair task.
+    fair_key: Callable[..., str | None] | None = None
     # Which exceptions retry (None: all) and which fail at once, as exception names
     # (module.qualname); frozen on each row at enqueue.
     retry_on: tuple[str, ...] | None = None
@@ -528,6 +537,11 @@ class TaskDefinition(Generic[P, R]):
                 f"task {self.name!r} declares no per-key limit, so a concurrency_key would "
                 "limit nothing: declare it with @task(key_concurrency=N), "
                 "@task(key_rate='N/period') or @task(concurrency_key=...)"
+            )
+        if options.get("fair_key") is not None and self.fair_key is None:
+            raise InvalidTaskError(
+                f"task {self.name!r} is not a fair task, so a fair_key would share nothing: "
+                "declare it with @task(fair_key=...)"
             )
         if "after" in options:
             options["after"] = validate_after(options["after"])
@@ -749,6 +763,7 @@ def task(
     concurrency_key: Callable[..., str | None] | None = None,
     key_concurrency: int | None = None,
     key_rate: str | None = None,
+    fair_key: Callable[..., str | None] | None = None,
     retry_on: type[BaseException] | tuple[type[BaseException], ...] | None = None,
     discard_on: type[BaseException] | tuple[type[BaseException], ...] = (),
     expires: float | timedelta | None = None,
@@ -767,7 +782,9 @@ def task(
     ``concurrency_key`` (a function of the task's arguments returning a string or None)
     and ``key_concurrency`` (default 1, unless ``key_rate`` is given) limit how many
     tasks of one key run at once across the fleet; ``key_rate`` (``"100/m"``) how many
-    of one key start per period (docs/limits.md). ``discard_on`` (exception classes)
+    of one key start per period (docs/limits.md). ``fair_key`` (a function of the task's
+    arguments returning a string or None) makes the task fair: the keys it returns
+    share the task's slots by their weights (docs/tenants.md). ``discard_on`` (exception classes)
     fails the task at once when its handler raises one of them; with ``retry_on``, only those retry
     and any other exception fails at once (docs/tasks.md, "Retrying by exception").
     ``expires`` (seconds) is the default expiry: a task not started that long after
@@ -795,6 +812,12 @@ def task(
                 f"@task on {_origin(fn)}: concurrency_key must be a function of the task's "
                 f"arguments returning a string, not {short_repr(concurrency_key)}; pass a "
                 "fixed key per call with .using(concurrency_key=...)"
+            )
+        if fair_key is not None and not callable(fair_key):
+            raise ImproperlyConfigured(
+                f"@task on {_origin(fn)}: fair_key must be a function of the task's "
+                f"arguments returning a string, not {short_repr(fair_key)}; pass a "
+                "fixed key per call with .using(fair_key=...)"
             )
         rate = None
         if key_rate is not None:
@@ -833,6 +856,7 @@ def task(
                 concurrency_key=concurrency_key,
                 key_concurrency=limit,
                 key_rate=rate,
+                fair_key=fair_key,
                 retry_on=None if retry_on is None else validate_exceptions(retry_on, "retry_on"),
                 discard_on=validate_exceptions(discard_on, "discard_on"),
                 expires=(

@@ -108,6 +108,9 @@ if "PGQUEUE_TEST_WRITE_OFF_EXIT_AFTER" in os.environ:
 # tests/test_outage.py shortens dead-connection detection in the workers it starts.
 if "PGQUEUE_TEST_DEAD_CONNECTION_TIMEOUT" in os.environ:
     PGQUEUE["DEAD_CONNECTION_TIMEOUT"] = float(os.environ["PGQUEUE_TEST_DEAD_CONNECTION_TIMEOUT"])
+# tests/test_fair.py: the many-tenants tasks, in the workers these tests start only.
+if os.environ.get("PGQUEUE_TEST_TENANTS"):
+    PGQUEUE["TASK_MODULES"].append("tests.tenant_tasks")
 # tests/test_sizes.py: its tasks, and the claim batch bound of the workers it starts.
 PGQUEUE["TASK_MODULES"].append("tests.size_tasks")
 PGQUEUE["TASK_MODULES"].append("tests.recycle_tasks")

@@ -14,7 +14,7 @@ from psycopg.rows import class_row, tuple_row
 from django_pgqueue import operations, sql
 from django_pgqueue.sql import QUERIES, positional
 from django_pgqueue.worker.claimed import ClaimedTask, claimed_rows
-from django_pgqueue.worker.claimer import claim_statement, route_params
+from django_pgqueue.worker.claimer import claim_statement, route_params, stage_params
 from django_pgqueue.worker.connection import connect
 from tests import tasks
 from tests.factories import TaskFactory
@@ -174,7 +174,7 @@ def test_claimed_rows_make_the_task_class_row_would(pg):
     """The worker's row factory (claimed_rows) builds each ClaimedTask field by field as
     psycopg's class_row would, and refuses columns that are not its fields."""
     task_id = tasks.noop.using(priority=7).enqueue(3)
-    pg.execute(QUERIES["stage"], {"queues": ["default"], "limit": 1000})
+    pg.execute(QUERIES["stage"], stage_params(["default"], 1000))
     params = {
         **route_params(["default"], all_routes(), 3600),
         "limit": 1,

@@ -136,6 +136,7 @@ class QueueOverviewAdmin(admin.ModelAdmin):
             **self.admin_site.each_context(request),
             **overview,
             "health": health_panel(),
+            **tenants_context(request.GET.get("key", "")),
             "data_url": _url(self, "queueoverview_data"),
             "title": "Queue overview",
             "opts": self.model._meta,
@@ -179,6 +180,23 @@ def health_panel() -> dict[str, Any]:
         "counts": {s: sum(1 for f in findings if f.severity == s) for s in doctor.SEVERITIES},
         "read_ms": round((time.perf_counter() - started) * 1000, 1),
     }
+
+
+# Keys the overview's "Many tenants" section shows, and the window of its "started".
+TOP_KEYS = 20
+SHARE_SECONDS = 60.0
+
+
+def tenants_context(search: str) -> dict[str, Any]:
+    """The overview's section on keys (docs/tenants.md): the fair keys that started the
+    most in the last minute (or those that contain ``search``), with their share of
+    those starts; nothing when no fair task is due, running or recent."""
+    search = search.strip()[:255]
+    shares = operations.fair_shares(search=search or None, limit=TOP_KEYS, seconds=SHARE_SECONDS)
+    started = sum(row["started"] for row in shares)
+    for row in shares:
+        row["share"] = round(100 * row["started"] / started) if started else 0
+    return {"key_search": search, "fair_shares": shares, "share_seconds": int(SHARE_SECONDS)}
 
 
 # The counts a row of the page shows (its td[data-count]), refreshed in place.

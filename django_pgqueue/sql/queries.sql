@@ -23,6 +23,13 @@
 --   pgqueue_task_unique_live UNIQUE (unique_key) WHERE unique_key IS NOT NULL AND live
 --   pgqueue_key_rate: PRIMARY KEY (queue, key): one row per key with a per-key rate
 --   pgqueue_task_unique_key (unique_key, enqueued_at)         WHERE unique_key IS NOT NULL
+--   pgqueue_task_fair       (queue, task_name, handler_version, priority DESC,
+--                            fair_tag NULLS FIRST, id)  WHERE state = 'pending'
+--                                                          AND fair_key IS NOT NULL
+--   pgqueue_task_fair_flow  (queue, task_name, handler_version, fair_key, priority,
+--                            fair_tag)                  WHERE state = 'pending'
+--                                                          AND fair_key IS NOT NULL
+--   pgqueue_fair_weight: PRIMARY KEY (key): fair-share weights set at runtime (a few rows)
 --
 -- States: 'scheduled' rows are due later and sit outside the claim's indexes; the
 -- stager makes them 'pending' when due, so every pending row is due.
@@ -127,6 +134,80 @@ INSERT INTO pgqueue_task (
         END AS woke;
 
 
+-- name: enqueue_fair
+-- One call of a fair task (docs/tenants.md), in the caller's transaction: as
+-- enqueue_unique (a live duplicate of its unique_key wins; without a key nothing
+-- conflicts), with its fair key and, when it is due now, its place in its key's flow:
+-- fair_tag, the virtual start time the claim orders it by within its priority.
+-- * The place is one step (1 / weight) after the last pending task of its flow (its
+--   route, key and priority; pgqueue_task_fair_flow, one probe), and never before the
+--   head of its line (the first pending task of its route and priority;
+--   pgqueue_task_fair, one probe); 0 when the line is empty. So keys take turns in
+--   proportion to their weights, whatever their backlogs, and a key back from an idle
+--   spell starts at the head: its turn comes at once, never as a burst of the turns it
+--   did not use. Two probes whatever the number of keys.
+-- * The weight is the key's row of pgqueue_fair_weight (the key itself, else its
+--   longest prefix 'stem*'), set at runtime, else %(fair_weight)s (FAIR_WEIGHTS, which
+--   the caller resolved). pgqueue_fair_weight holds a few rows: read whole.
+-- * Both probes are plain reads, never a lock: two enqueues of one key in concurrent
+--   transactions may get the same place. A scheduled task gets its place when it
+--   becomes due (stage).
+INSERT INTO pgqueue_task (
+    id, queue, task_name, handler_version, priority, args, kwargs, run_at, state,
+    max_attempts, retry_policy, timeout, unique_key, metadata, concurrency_key, expires_at,
+    fair_key, fair_tag
+)
+    VALUES (
+        COALESCE(%(id)s, nextval('pgqueue_task_id_seq')),
+        %(queue)s::text, %(task_name)s::text, %(handler_version)s::int, %(priority)s::int,
+        %(args)s, %(kwargs)s, COALESCE(%(run_at)s, statement_timestamp() + %(delay)s),
+        %(state)s::text, %(max_attempts)s, %(retry_policy)s, %(timeout)s, %(unique_key)s,
+        %(metadata)s, %(concurrency_key)s,
+        COALESCE(%(expires_at)s, statement_timestamp() + %(expires)s),
+        %(fair_key)s::text,
+        CASE WHEN %(state)s::text = 'pending' THEN COALESCE(GREATEST(
+            (SELECT h.fair_tag
+               FROM pgqueue_task AS h
+              WHERE h.state = 'pending' AND h.fair_key IS NOT NULL
+                AND h.queue = %(queue)s::text AND h.task_name = %(task_name)s::text
+                AND h.handler_version = %(handler_version)s::int
+                AND h.priority = %(priority)s::int AND h.fair_tag IS NOT NULL
+              ORDER BY h.fair_tag NULLS FIRST
+              LIMIT 1),
+            (SELECT f.fair_tag
+               FROM pgqueue_task AS f
+              WHERE f.state = 'pending' AND f.fair_key IS NOT NULL
+                AND f.queue = %(queue)s::text AND f.task_name = %(task_name)s::text
+                AND f.handler_version = %(handler_version)s::int
+                AND f.fair_key = %(fair_key)s::text AND f.priority = %(priority)s::int
+                AND f.fair_tag IS NOT NULL
+              ORDER BY f.fair_tag DESC
+              LIMIT 1)
+            + 1.0 / COALESCE(
+                (SELECT w.weight
+                   FROM pgqueue_fair_weight AS w
+                  WHERE w.key = %(fair_key)s::text
+                     OR (right(w.key, 1) = '*'
+                         AND starts_with(%(fair_key)s::text, left(w.key, -1)))
+                  ORDER BY w.key = %(fair_key)s::text DESC, length(w.key) DESC
+                  LIMIT 1),
+                %(fair_weight)s::float8)), 0) END
+    )
+    ON CONFLICT (unique_key) WHERE unique_key IS NOT NULL
+                                AND state IN ('scheduled', 'pending', 'running', 'waiting')
+    DO NOTHING
+    RETURNING id, enqueued_at,
+        CASE -- the wake-up (see the header): notify only when a worker may be parked
+            WHEN NOT pg_try_advisory_xact_lock_shared(1885827328, hashtext(queue) & 63)
+                -- a claimer is checking in flight enqueues at this instant: notify
+                THEN pg_notify('pgqueue_' || (hashtext(queue) & 63), queue)::text
+            WHEN pg_try_advisory_lock(1885827329, hashtext(queue) & 63)
+                -- no claimer of this channel is parked: release the probe, no notify
+                THEN pg_advisory_unlock(1885827329, hashtext(queue) & 63)::text
+            ELSE pg_notify('pgqueue_' || (hashtext(queue) & 63), queue)::text
+        END AS woke;
+
+
 -- name: find_live_unique
 -- Uses pgqueue_task_unique_live.
 SELECT id, enqueued_at
@@ -175,12 +256,18 @@ SELECT id, enqueued_at,
 -- UPDATE goes on (READ COMMITTED re-checks the WHERE on the row as the claim left it:
 -- running, so no row returns and the caller keeps it as it is); a claim arriving while
 -- this UPDATE holds the row skips it (SKIP LOCKED) until the caller's transaction
--- ends. By primary key. Wakes the queue when the row becomes pending.
+-- ends. By primary key. Wakes the queue when the row becomes pending. A fair task
+-- (docs/tenants.md) keeps its place in its key's flow if it stays due with the same
+-- key, else it has none (NULL: the head of its line, or its place when staged).
 UPDATE pgqueue_task
    SET args = %(args)s, kwargs = %(kwargs)s, priority = %(priority)s,
        run_at = COALESCE(%(run_at)s, statement_timestamp() + %(delay)s),
-       state = %(state)s,
+       state = %(state)s::text,
        concurrency_key = %(concurrency_key)s,
+       fair_key = %(fair_key)s::text,
+       fair_tag = CASE WHEN %(state)s::text = 'pending'
+                        AND fair_key IS NOT DISTINCT FROM %(fair_key)s::text
+                       THEN fair_tag END,
        expires_at = COALESCE(%(expires_at)s, statement_timestamp() + %(expires)s)
  WHERE id = %(target)s
    AND state IN ('scheduled', 'pending')
@@ -223,6 +310,87 @@ WITH inserted AS (
     RETURNING id
 )
 SELECT id, (SELECT pg_notify('pgqueue_' || (hashtext(%(queue)s) & 63), %(queue)s)::text)
+  FROM inserted
+ ORDER BY id;
+
+
+-- name: enqueue_many_fair
+-- enqueue_many for a fair task (docs/tenants.md): each call's fair key
+-- (fair_keys_list) and the weight FAIR_WEIGHTS gives it (fair_weights_list, which a
+-- pgqueue_fair_weight row of the key overrides), and, when the calls are due now,
+-- their places: as enqueue_fair's, per key of the batch (flows: one probe of
+-- pgqueue_task_fair_flow per key, one of pgqueue_task_fair for the batch's line), then
+-- one step (1 / weight) apart within the key, in the order of the calls. A backlog of
+-- one key enqueued at once so spreads over its turns, and other keys' tasks enqueued
+-- later take theirs between them.
+WITH calls AS (
+    SELECT c.args, c.kwargs, c.key, c.fair_key, c.fair_weight::float8 AS fair_weight, c.n
+      FROM ROWS FROM (jsonb_array_elements(%(args_list)s::jsonb),
+                      jsonb_array_elements(%(kwargs_list)s::jsonb),
+                      jsonb_array_elements_text(COALESCE(%(keys_list)s::jsonb, '[]')),
+                      jsonb_array_elements_text(%(fair_keys_list)s::jsonb),
+                      jsonb_array_elements_text(%(fair_weights_list)s::jsonb))
+           WITH ORDINALITY AS c(args, kwargs, key, fair_key, fair_weight, n)
+),
+line AS MATERIALIZED (
+    SELECT (SELECT h.fair_tag
+              FROM pgqueue_task AS h
+             WHERE h.state = 'pending' AND h.fair_key IS NOT NULL
+               AND h.queue = %(queue)s::text AND h.task_name = %(task_name)s::text
+               AND h.handler_version = %(handler_version)s::int
+               AND h.priority = %(priority)s::int AND h.fair_tag IS NOT NULL
+             ORDER BY h.fair_tag NULLS FIRST
+             LIMIT 1) AS head
+),
+flows AS MATERIALIZED (
+    SELECT f.fair_key, s.step,
+           COALESCE(GREATEST(
+               (SELECT line.head FROM line),
+               (SELECT t.fair_tag
+                  FROM pgqueue_task AS t
+                 WHERE t.state = 'pending' AND t.fair_key IS NOT NULL
+                   AND t.queue = %(queue)s::text AND t.task_name = %(task_name)s::text
+                   AND t.handler_version = %(handler_version)s::int
+                   AND t.fair_key = f.fair_key AND t.priority = %(priority)s::int
+                   AND t.fair_tag IS NOT NULL
+                 ORDER BY t.fair_tag DESC
+                 LIMIT 1) + s.step), 0) AS base
+      FROM (SELECT DISTINCT fair_key, fair_weight FROM calls) AS f
+     CROSS JOIN LATERAL (
+               SELECT 1.0 / COALESCE(
+                          (SELECT w.weight
+                             FROM pgqueue_fair_weight AS w
+                            WHERE w.key = f.fair_key
+                               OR (right(w.key, 1) = '*'
+                                   AND starts_with(f.fair_key, left(w.key, -1)))
+                            ORDER BY w.key = f.fair_key DESC, length(w.key) DESC
+                            LIMIT 1),
+                          f.fair_weight) AS step
+           ) AS s
+),
+inserted AS (
+    INSERT INTO pgqueue_task (
+        queue, task_name, handler_version, priority, args, kwargs, run_at, state,
+        max_attempts, retry_policy, timeout, unique_key, metadata, concurrency_key, expires_at,
+        fair_key, fair_tag
+    )
+    SELECT %(queue)s::text, %(task_name)s::text, %(handler_version)s::int, %(priority)s::int,
+           c.args, c.kwargs,
+           COALESCE(%(run_at)s, statement_timestamp() + %(delay)s),
+           %(state)s::text, %(max_attempts)s, %(retry_policy)s::jsonb, %(timeout)s::interval,
+           NULL, %(metadata)s::jsonb, COALESCE(c.key, %(concurrency_key)s::text),
+           COALESCE(%(expires_at)s::timestamptz, statement_timestamp() + %(expires)s::interval),
+           c.fair_key,
+           CASE WHEN %(state)s::text = 'pending'
+                THEN f.base + (row_number() OVER (PARTITION BY c.fair_key ORDER BY c.n) - 1)
+                              * f.step END
+      FROM calls AS c
+      JOIN flows AS f ON f.fair_key = c.fair_key
+     ORDER BY c.n
+    RETURNING id
+)
+SELECT id, (SELECT pg_notify('pgqueue_' || (hashtext(%(queue)s::text) & 63),
+                            %(queue)s::text)::text)
   FROM inserted
  ORDER BY id;
 
@@ -330,12 +498,21 @@ SELECT nextval('pgqueue_task_id_seq');
 --   the worker treats a cut batch as a full one and claims again at once, where a
 --   short batch would make it park. The rate budget (rated) is spent on the rows
 --   taken only.
+-- * Fair share (docs/tenants.md), for the routes of fair tasks (route_fair): their walk
+--   is pgqueue_task_fair, by priority, then virtual start time (fair_tag, which enqueue
+--   and stage set), an index-ordered top-N like the other routes', whatever the number
+--   of keys. Rows of all routes are then ordered by priority, then pos, their place in
+--   line: for a fair route, how far its virtual start time lies behind its route's first
+--   one here (so routes take turns), for the other routes, which together are one line,
+--   their rank by run_at. With no fair route, pos follows run_at, and the order is the
+--   plain one.
 WITH routes AS (
     SELECT r.*
       FROM unnest(%(route_queues)s::text[], %(route_names)s::text[],
                   %(route_versions)s::int[], %(route_key_limits)s::int[],
-                  %(route_key_rate_intervals)s::float8[], %(route_key_rate_bursts)s::int[])
-           AS r(queue, task_name, version, key_limit, key_rate_interval, key_rate_burst)
+                  %(route_key_rate_intervals)s::float8[], %(route_key_rate_bursts)s::int[],
+                  %(route_fair)s::bool[])
+           AS r(queue, task_name, version, key_limit, key_rate_interval, key_rate_burst, fair)
      WHERE NOT EXISTS (
                SELECT 1
                  FROM pgqueue_queue AS p
@@ -426,7 +603,8 @@ escaped AS MATERIALIZED (
 ),
 candidates AS MATERIALIZED (
     SELECT c.id, c.priority, c.run_at, r.queue, c.concurrency_key, r.key_limit, c.bytes,
-           r.key_rate_interval, r.key_rate_burst
+           r.key_rate_interval, r.key_rate_burst,
+           row_number() OVER (PARTITION BY c.priority ORDER BY c.run_at, c.id) - 1 AS pos
       FROM routes AS r
       LEFT JOIN room AS rm ON rm.queue = r.queue
      CROSS JOIN LATERAL (
@@ -449,11 +627,41 @@ candidates AS MATERIALIZED (
                 LIMIT LEAST(%(limit)s - (SELECT count(*) FROM escaped), rm.room)
                   FOR NO KEY UPDATE OF t SKIP LOCKED
            ) AS c
+     WHERE NOT r.fair
+    UNION ALL
+    SELECT c.id, c.priority, c.run_at, r.queue, c.concurrency_key, r.key_limit, c.bytes,
+           r.key_rate_interval, r.key_rate_burst,
+           COALESCE(c.fair_tag - min(c.fair_tag) OVER (PARTITION BY r.queue, r.task_name,
+                                                                    r.version, c.priority),
+                    0) AS pos
+      FROM routes AS r
+      LEFT JOIN room AS rm ON rm.queue = r.queue
+     CROSS JOIN LATERAL (
+               SELECT t.id, t.priority, t.run_at, t.concurrency_key, t.fair_tag,
+                      pg_column_size(t.args) + pg_column_size(t.kwargs)
+                      + pg_column_size(t.metadata) + pg_column_size(t.signals)
+                      + COALESCE(pg_column_size(t.checkpoint), 0)
+                      + COALESCE(pg_column_size(t.wake), 0) AS bytes
+                 FROM pgqueue_task AS t
+                WHERE t.state = 'pending' AND t.fair_key IS NOT NULL
+                  AND t.queue = r.queue AND t.task_name = r.task_name
+                  AND t.handler_version = r.version
+                  AND t.id NOT IN (SELECT id FROM escaped)
+                  AND (r.key_limit IS NULL OR t.concurrency_key IS NULL OR NOT EXISTS (
+                          SELECT 1
+                            FROM busy_keys AS b
+                           WHERE b.queue = t.queue AND b.key = t.concurrency_key
+                             AND b.running >= r.key_limit))
+                ORDER BY t.priority DESC, t.fair_tag NULLS FIRST, t.id
+                LIMIT LEAST(%(limit)s - (SELECT count(*) FROM escaped), rm.room)
+                  FOR NO KEY UPDATE OF t SKIP LOCKED
+           ) AS c
+     WHERE r.fair
 ),
 keyed AS MATERIALIZED (
     SELECT c.*,
            row_number() OVER (PARTITION BY c.queue, c.concurrency_key
-                              ORDER BY c.priority DESC, c.run_at, c.id) AS nth_of_key
+                              ORDER BY c.priority DESC, c.pos, c.run_at, c.id) AS nth_of_key
       FROM candidates AS c
 ),
 key_rates AS MATERIALIZED (
@@ -466,10 +674,10 @@ key_rates AS MATERIALIZED (
              WHERE key_rate_interval IS NOT NULL AND concurrency_key IS NOT NULL) AS c
 ),
 allowed AS MATERIALIZED (
-    SELECT k.id, k.priority, k.run_at, k.queue, k.bytes, k.concurrency_key,
+    SELECT k.id, k.priority, k.pos, k.run_at, k.queue, k.bytes, k.concurrency_key,
            k.key_rate_interval,
            row_number() OVER (PARTITION BY k.queue
-                              ORDER BY k.priority DESC, k.run_at, k.id) AS nth_of_queue
+                              ORDER BY k.priority DESC, k.pos, k.run_at, k.id) AS nth_of_queue
       FROM keyed AS k
      WHERE (k.key_limit IS NULL OR k.concurrency_key IS NULL
             OR k.nth_of_key <= k.key_limit - COALESCE((
@@ -493,8 +701,8 @@ picked AS MATERIALIZED (
       FROM allowed AS a
       LEFT JOIN room AS rm ON rm.queue = a.queue
      WHERE rm.room IS NULL OR a.nth_of_queue <= rm.room
-    WINDOW pick AS (ORDER BY a.priority DESC, a.run_at, a.id)
-     ORDER BY a.priority DESC, a.run_at, a.id
+    WINDOW pick AS (ORDER BY a.priority DESC, a.pos, a.run_at, a.id)
+     ORDER BY a.priority DESC, a.pos, a.run_at, a.id
      LIMIT %(limit)s - (SELECT count(*) FROM escaped)
 ),
 rated AS (
@@ -562,7 +770,7 @@ RETURNING t.id, t.task_name, t.handler_version, t.queue, t.priority, t.args, t.k
           t.checkpoint::text AS checkpoint_json, t.cancel_requested, t.cancel_hard,
           t.metadata::text AS metadata_json,
           NULLIF(t.signals, '{}')::text AS signals_json, t.wake::text AS wake_json,
-          t.state = 'cancelled' AS expired,
+          t.fair_key, t.state = 'cancelled' AS expired,
           (SELECT count(*) FROM picked WHERE NOT fits) AS left_out,
           (SELECT count(*) FROM keyed) - (SELECT count(*) FROM allowed) AS key_held;
 
@@ -666,7 +874,123 @@ RETURNING t.id, t.task_name, t.handler_version, t.queue, t.priority, t.args, t.k
           t.checkpoint::text AS checkpoint_json, t.cancel_requested, t.cancel_hard,
           t.metadata::text AS metadata_json,
           NULLIF(t.signals, '{}')::text AS signals_json, t.wake::text AS wake_json,
-          t.state = 'cancelled' AS expired,
+          t.fair_key, t.state = 'cancelled' AS expired,
+          (SELECT count(*) FROM picked WHERE NOT fits) AS left_out,
+          0 AS key_held;
+
+
+-- name: claim_fair
+-- The claim of a worker lane with fair tasks (docs/tenants.md) and no limits, and no
+-- starvation escape looked for in this call: claim_plain, with the routes of fair tasks
+-- (route_fair) walked through pgqueue_task_fair (by priority, then fair_tag: an
+-- index-ordered top-N per route, whatever the number of keys) and every row ordered by
+-- priority, then its place in line (pos), as in claim, whose header explains it: for
+-- those parameters claim reduces to this statement. The UPDATE and its RETURNING are
+-- claim_plain's (tests/test_claim.py keeps them identical, and checks that claim and
+-- this statement take the same rows).
+WITH routes AS (
+    SELECT r.*
+      FROM unnest(%(route_queues)s::text[], %(route_names)s::text[],
+                  %(route_versions)s::int[], %(route_fair)s::bool[])
+           AS r(queue, task_name, version, fair)
+     WHERE NOT EXISTS (
+               SELECT 1
+                 FROM pgqueue_queue AS p
+                WHERE p.name = r.queue
+                  AND (p.paused OR p.paused_tasks ? r.task_name))
+),
+candidates AS MATERIALIZED (
+    SELECT c.id, c.priority, c.run_at, c.bytes,
+           row_number() OVER (PARTITION BY c.priority ORDER BY c.run_at, c.id) - 1 AS pos
+      FROM routes AS r
+     CROSS JOIN LATERAL (
+               SELECT t.id, t.priority, t.run_at,
+                      pg_column_size(t.args) + pg_column_size(t.kwargs)
+                      + pg_column_size(t.metadata) + pg_column_size(t.signals)
+                      + COALESCE(pg_column_size(t.checkpoint), 0)
+                      + COALESCE(pg_column_size(t.wake), 0) AS bytes
+                 FROM pgqueue_task AS t
+                WHERE t.state = 'pending'
+                  AND t.queue = r.queue AND t.task_name = r.task_name
+                  AND t.handler_version = r.version
+                ORDER BY t.priority DESC, t.run_at, t.id
+                LIMIT %(limit)s
+                  FOR NO KEY UPDATE OF t SKIP LOCKED
+           ) AS c
+     WHERE NOT r.fair
+    UNION ALL
+    SELECT c.id, c.priority, c.run_at, c.bytes,
+           COALESCE(c.fair_tag - min(c.fair_tag) OVER (PARTITION BY r.queue, r.task_name,
+                                                                    r.version, c.priority),
+                    0) AS pos
+      FROM routes AS r
+     CROSS JOIN LATERAL (
+               SELECT t.id, t.priority, t.run_at, t.fair_tag,
+                      pg_column_size(t.args) + pg_column_size(t.kwargs)
+                      + pg_column_size(t.metadata) + pg_column_size(t.signals)
+                      + COALESCE(pg_column_size(t.checkpoint), 0)
+                      + COALESCE(pg_column_size(t.wake), 0) AS bytes
+                 FROM pgqueue_task AS t
+                WHERE t.state = 'pending' AND t.fair_key IS NOT NULL
+                  AND t.queue = r.queue AND t.task_name = r.task_name
+                  AND t.handler_version = r.version
+                ORDER BY t.priority DESC, t.fair_tag NULLS FIRST, t.id
+                LIMIT %(limit)s
+                  FOR NO KEY UPDATE OF t SKIP LOCKED
+           ) AS c
+     WHERE r.fair
+),
+picked AS MATERIALIZED (
+    SELECT a.id,
+           %(claim_batch_bytes)s::bigint IS NULL
+           OR sum(a.bytes) OVER pick <= %(claim_batch_bytes)s::bigint
+           OR row_number() OVER pick = 1 AS fits
+      FROM candidates AS a
+    WINDOW pick AS (ORDER BY a.priority DESC, a.pos, a.run_at, a.id)
+     ORDER BY a.priority DESC, a.pos, a.run_at, a.id
+     LIMIT %(limit)s
+)
+UPDATE pgqueue_task AS t
+   SET state = CASE WHEN t.started_at IS NULL AND t.expires_at <= statement_timestamp()
+                    THEN 'cancelled' ELSE 'running' END,
+       attempt = CASE WHEN t.started_at IS NULL AND t.expires_at <= statement_timestamp()
+                      THEN t.attempt ELSE t.attempt + 1 END,
+       lease_token = CASE WHEN t.started_at IS NULL AND t.expires_at <= statement_timestamp()
+                          THEN NULL ELSE %(token)s::uuid END,
+       lease_expires_at = CASE WHEN t.started_at IS NULL
+                                    AND t.expires_at <= statement_timestamp() THEN NULL
+                               ELSE now() + make_interval(secs => %(lease_seconds)s) END,
+       started_at = CASE WHEN t.started_at IS NULL AND t.expires_at <= statement_timestamp()
+                         THEN NULL ELSE COALESCE(t.started_at, now()) END,
+       last_attempted_at = CASE WHEN t.started_at IS NULL
+                                     AND t.expires_at <= statement_timestamp()
+                                THEN t.last_attempted_at ELSE now() END,
+       worker_id = CASE WHEN t.started_at IS NULL AND t.expires_at <= statement_timestamp()
+                        THEN t.worker_id ELSE %(worker_id)s END,
+       finished_at = CASE WHEN t.started_at IS NULL AND t.expires_at <= statement_timestamp()
+                          THEN now() ELSE t.finished_at END,
+       errors = CASE WHEN t.started_at IS NULL AND t.expires_at <= statement_timestamp()
+                     THEN t.errors || jsonb_build_array(jsonb_build_object(
+                         'attempt', t.attempt,
+                         'type', 'Expired',
+                         'message', 'expired at '
+                                    || to_char(t.expires_at AT TIME ZONE 'UTC',
+                                               'YYYY-MM-DD"T"HH24:MI:SS.MS"Z"')
+                                    || ', before it started',
+                         'traceback', NULL,
+                         'outcome', 'expired',
+                         'worker_id', %(worker_id)s::text,
+                         'at', now()))
+                     ELSE t.errors END
+ WHERE t.id = ANY (ARRAY(SELECT id FROM picked WHERE fits))
+RETURNING t.id, t.task_name, t.handler_version, t.queue, t.priority, t.args, t.kwargs,
+          t.attempt, t.max_attempts, t.retry_policy::text AS retry_policy_json,
+          EXTRACT(EPOCH FROM t.timeout)::float8 AS timeout, t.lease_token::text AS lease_token,
+          t.lease_expires_at, now() AS claimed_at, t.enqueued_at, t.run_at,
+          t.checkpoint::text AS checkpoint_json, t.cancel_requested, t.cancel_hard,
+          t.metadata::text AS metadata_json,
+          NULLIF(t.signals, '{}')::text AS signals_json, t.wake::text AS wake_json,
+          t.fair_key, t.state = 'cancelled' AS expired,
           (SELECT count(*) FROM picked WHERE NOT fits) AS left_out,
           0 AS key_held;
 
@@ -680,7 +1004,7 @@ SELECT t.id, t.task_name, t.handler_version, t.queue, t.priority, t.args, t.kwar
        t.lease_expires_at, t.last_attempted_at AS claimed_at, t.enqueued_at, t.run_at,
        t.checkpoint::text AS checkpoint_json, t.cancel_requested, t.cancel_hard,
        t.metadata::text AS metadata_json,
-       NULLIF(t.signals, '{}')::text AS signals_json, t.wake::text AS wake_json
+       NULLIF(t.signals, '{}')::text AS signals_json, t.wake::text AS wake_json, t.fair_key
   FROM pgqueue_task AS t
  WHERE t.state = 'running'
    AND t.lease_token = ANY (%(tokens)s::uuid[]);
@@ -702,6 +1026,8 @@ SELECT t.id, t.task_name, t.handler_version, t.queue, t.priority, t.args, t.kwar
 -- * A waiting child with an expiry waits until it (wait_until = expires_at): the stager
 --   finds it through pgqueue_task_wait_timeout and ends it cancelled (Expired) if its
 --   parents have not released it by then (see stage).
+-- * A fair task (docs/tenants.md) has its key, but no place in its key's flow: it
+--   joins its line at the head when it becomes due (fair_tag NULL sorts first).
 WITH parents AS MATERIALIZED (
     UPDATE pgqueue_task AS p
        SET has_dependents = true
@@ -719,7 +1045,7 @@ child AS (
     INSERT INTO pgqueue_task (
         id, queue, task_name, handler_version, priority, args, kwargs, run_at, state,
         max_attempts, retry_policy, timeout, unique_key, metadata, concurrency_key,
-        parents_pending, wait_reason, finished_at, errors, expires_at, wait_until
+        parents_pending, wait_reason, finished_at, errors, expires_at, wait_until, fair_key
     )
     SELECT COALESCE(%(id)s, nextval('pgqueue_task_id_seq')),
            %(queue)s, %(task_name)s, %(handler_version)s, %(priority)s, %(args)s::jsonb,
@@ -742,7 +1068,8 @@ child AS (
                          'at', now()))
                 ELSE '[]'::jsonb END,
            e.expires_at,
-           CASE WHEN v.open > 0 AND (v.failed_id IS NULL OR %(proceed)s) THEN e.expires_at END
+           CASE WHEN v.open > 0 AND (v.failed_id IS NULL OR %(proceed)s) THEN e.expires_at END,
+           %(fair_key)s
       FROM verdict AS v,
            (SELECT COALESCE(%(expires_at)s::timestamptz,
                             statement_timestamp() + %(expires)s::interval)) AS e(expires_at)
@@ -1082,6 +1409,86 @@ RETURNING q.paused, q.paused_tasks::text AS paused_tasks,
           pg_notify('pgqueue_' || (hashtext(q.name) & 63), q.name)::text AS notified;
 
 
+-- name: set_fair_weight
+-- A fair-share weight at runtime (docs/tenants.md), for a key or a prefix ('stem*'):
+-- one row of pgqueue_fair_weight, by primary key. enqueue_fair, enqueue_many_fair and
+-- stage read it for every task of a matching key that becomes due after this commits
+-- (it wins over FAIR_WEIGHTS); tasks already due keep their places.
+INSERT INTO pgqueue_fair_weight AS w (key, weight, set_at)
+VALUES (%(key)s, %(weight)s, now())
+    ON CONFLICT (key) DO UPDATE
+   SET weight = EXCLUDED.weight, set_at = EXCLUDED.set_at;
+
+
+-- name: clear_fair_weight
+-- Remove a runtime weight: the keys it matched fall back on FAIR_WEIGHTS.
+DELETE FROM pgqueue_fair_weight WHERE key = %(key)s RETURNING key;
+
+
+-- name: fair_weights
+-- Every runtime weight (a few rows).
+SELECT key, weight, set_at FROM pgqueue_fair_weight ORDER BY key;
+
+
+-- name: fair_shares
+-- Who is getting what (docs/tenants.md; the overview, pgqueue_fair shares): per fair
+-- key of a queue (NULL: all), its tasks due now (pending), running, and started within
+-- the last %(seconds)s seconds, for the keys with the most of those, at most
+-- %(limit)s of them; %(search)s (NULL: any) keeps the keys that contain it.
+-- The due ones are counted from pgqueue_task_fair_flow (pending rows with a fair key
+-- only); the running ones from pgqueue_task_running (running rows only); the started
+-- ones are the running ones and those that started and finished within the window,
+-- read from the most recent ends back (pgqueue_task_retention, per terminal state) at
+-- most %(sample)s rows per state: on a busy queue, a sample of the most recent starts,
+-- which is what a share is about. A read for an operator (bounded by the backlog of
+-- fair tasks and the sample), never a worker's.
+WITH due AS (
+    SELECT queue, fair_key AS key, count(*) AS pending
+      FROM pgqueue_task
+     WHERE state = 'pending' AND fair_key IS NOT NULL
+       AND (%(queue)s::text IS NULL OR queue = %(queue)s::text)
+     GROUP BY 1, 2
+),
+running AS (
+    SELECT queue, fair_key AS key, count(*) AS running
+      FROM pgqueue_task
+     WHERE state = 'running' AND fair_key IS NOT NULL
+       AND (%(queue)s::text IS NULL OR queue = %(queue)s::text)
+     GROUP BY 1, 2
+),
+recent AS (
+    SELECT f.queue, f.fair_key AS key, count(*) AS started
+      FROM unnest(ARRAY['succeeded', 'failed', 'cancelled']) AS s(state),
+           LATERAL (
+               SELECT t.queue, t.fair_key, t.started_at
+                 FROM pgqueue_task AS t
+                WHERE t.state = s.state
+                  AND t.finished_at > now() - make_interval(secs => %(seconds)s)
+                ORDER BY t.finished_at DESC
+                LIMIT %(sample)s
+           ) AS f
+     WHERE f.fair_key IS NOT NULL
+       AND f.started_at > now() - make_interval(secs => %(seconds)s)
+       AND (%(queue)s::text IS NULL OR f.queue = %(queue)s::text)
+     GROUP BY 1, 2
+),
+every AS (
+    SELECT queue, key FROM due
+    UNION SELECT queue, key FROM running
+    UNION SELECT queue, key FROM recent
+)
+SELECT e.queue, e.key, COALESCE(d.pending, 0) AS pending, COALESCE(r.running, 0) AS running,
+       COALESCE(s.started, 0) + COALESCE(r.running, 0) AS started
+  FROM every AS e
+  LEFT JOIN due AS d ON d.queue = e.queue AND d.key = e.key
+  LEFT JOIN running AS r ON r.queue = e.queue AND r.key = e.key
+  LEFT JOIN recent AS s ON s.queue = e.queue AND s.key = e.key
+ WHERE %(search)s::text IS NULL OR strpos(e.key, %(search)s::text) > 0
+ ORDER BY COALESCE(r.running, 0) + COALESCE(s.started, 0) DESC, COALESCE(d.pending, 0) DESC,
+          e.queue, e.key
+ LIMIT %(limit)s;
+
+
 -- name: queue_pauses
 -- Every queue's pause state (the overview, metrics, pgqueue_status), and its rate
 -- budget: rate_tat_in is how far the rate limit's theoretical arrival time lies ahead
@@ -1109,8 +1516,15 @@ SELECT name AS queue, paused, paused_tasks::text AS paused_tasks, paused_at,
 -- when it comes due (so at its run_at, if that is later than its expiry), a row
 -- waiting for its parents at its expiry (enqueue_after sets its wait_until to it).
 -- expired counts them per queue; only queues with rows made pending are woken.
+-- Fair tasks (docs/tenants.md) get their places in their keys' flows as they become
+-- due, as enqueue_fair gives them to tasks due at once: per flow of the batch, one
+-- probe of pgqueue_task_fair_flow and one of pgqueue_task_fair, then one step
+-- (1 / weight) apart in the order they were due. Weights: pgqueue_fair_weight, else
+-- FAIR_WEIGHTS (%(fair_weight_keys)s, %(fair_weight_values)s), else 1. So a key's
+-- tasks scheduled for one moment take their turns then, not all at the head; a batch
+-- without fair tasks skips it (fair_due is empty).
 WITH due AS MATERIALIZED (
-    SELECT id
+    SELECT id, queue, task_name, handler_version, priority, fair_key, run_at
       FROM pgqueue_task
      WHERE state = 'scheduled'
        AND queue = ANY (%(queues)s::text[])
@@ -1118,10 +1532,64 @@ WITH due AS MATERIALIZED (
      LIMIT %(limit)s
        FOR NO KEY UPDATE SKIP LOCKED
 ),
+fair_flows AS MATERIALIZED (
+    SELECT f.queue, f.task_name, f.handler_version, f.fair_key, f.priority, s.step,
+           COALESCE(GREATEST(
+               (SELECT h.fair_tag
+                  FROM pgqueue_task AS h
+                 WHERE h.state = 'pending' AND h.fair_key IS NOT NULL
+                   AND h.queue = f.queue AND h.task_name = f.task_name
+                   AND h.handler_version = f.handler_version AND h.priority = f.priority
+                   AND h.fair_tag IS NOT NULL
+                 ORDER BY h.fair_tag NULLS FIRST
+                 LIMIT 1),
+               (SELECT t.fair_tag
+                  FROM pgqueue_task AS t
+                 WHERE t.state = 'pending' AND t.fair_key IS NOT NULL
+                   AND t.queue = f.queue AND t.task_name = f.task_name
+                   AND t.handler_version = f.handler_version AND t.fair_key = f.fair_key
+                   AND t.priority = f.priority AND t.fair_tag IS NOT NULL
+                 ORDER BY t.fair_tag DESC
+                 LIMIT 1) + s.step), 0) AS base
+      FROM (SELECT DISTINCT queue, task_name, handler_version, fair_key, priority
+              FROM due
+             WHERE fair_key IS NOT NULL) AS f
+     CROSS JOIN LATERAL (
+               SELECT 1.0 / COALESCE(
+                          (SELECT w.weight
+                             FROM pgqueue_fair_weight AS w
+                            WHERE w.key = f.fair_key
+                               OR (right(w.key, 1) = '*'
+                                   AND starts_with(f.fair_key, left(w.key, -1)))
+                            ORDER BY w.key = f.fair_key DESC, length(w.key) DESC
+                            LIMIT 1),
+                          (SELECT c.weight
+                             FROM unnest(%(fair_weight_keys)s::text[],
+                                         %(fair_weight_values)s::float8[]) AS c(key, weight)
+                            WHERE c.key = f.fair_key
+                               OR (right(c.key, 1) = '*'
+                                   AND starts_with(f.fair_key, left(c.key, -1)))
+                            ORDER BY c.key = f.fair_key DESC, length(c.key) DESC
+                            LIMIT 1),
+                          1) AS step
+           ) AS s
+),
+fair_due AS MATERIALIZED (
+    SELECT d.id,
+           f.base + (row_number() OVER (PARTITION BY f.queue, f.task_name, f.handler_version,
+                                                     f.fair_key, f.priority
+                                        ORDER BY d.run_at, d.id) - 1) * f.step AS tag
+      FROM due AS d
+      JOIN fair_flows AS f
+        ON f.queue = d.queue AND f.task_name = d.task_name
+       AND f.handler_version = d.handler_version AND f.fair_key = d.fair_key
+       AND f.priority = d.priority
+),
 staged AS (
     UPDATE pgqueue_task AS t
        SET state = CASE WHEN t.started_at IS NULL AND t.expires_at <= now()
                         THEN 'cancelled' ELSE 'pending' END,
+           fair_tag = CASE WHEN t.fair_key IS NULL THEN t.fair_tag ELSE f.tag END,
            finished_at = CASE WHEN t.started_at IS NULL AND t.expires_at <= now()
                               THEN now() END,
            errors_dropped = t.errors_dropped
@@ -1138,6 +1606,7 @@ staged AS (
                              'at', now()))
                          ELSE t.errors END
       FROM due
+      LEFT JOIN fair_due AS f ON f.id = due.id
      WHERE t.id = due.id
     RETURNING t.queue, t.state
 ),
@@ -2508,7 +2977,8 @@ SELECT n.name, n.task_name, n.spec, n.timezone, now()
 -- name takes precedence). row_current says whether the row is there, running, and the
 -- worker's version: when it is not, the worker reads the rows again.
 -- The task's columns and parameters are those of enqueue (build_row: validated the
--- same way); it is pending, due now, with the schedule and tick in its metadata. An
+-- same way; a fair task's key, with no place in its flow: the head of its line); it is
+-- pending, due now, with the schedule and tick in its metadata. An
 -- expiry in seconds counts from now(), the tick's enqueue (not the tick's own time).
 -- Wakes the queue's workers (as enqueue_many: no parked-claimer check, ticks are rare)
 -- only when a task was inserted. Returns the database's now() either way: the
@@ -2534,13 +3004,15 @@ WITH advanced AS (
 inserted AS (
     INSERT INTO pgqueue_task (
         id, queue, task_name, handler_version, priority, args, kwargs, run_at, state,
-        max_attempts, retry_policy, timeout, unique_key, metadata, concurrency_key, expires_at
+        max_attempts, retry_policy, timeout, unique_key, metadata, concurrency_key, expires_at,
+        fair_key
     )
     SELECT a.last_task_id, %(queue)s::text, %(task_name)s::text, %(handler_version)s::int,
            %(priority)s::int, %(args)s::jsonb, %(kwargs)s::jsonb, now(), 'pending',
            %(max_attempts)s::int, %(retry_policy)s::jsonb, %(timeout)s::interval,
            %(unique_key)s::text, %(metadata)s::jsonb, %(concurrency_key)s::text,
-           COALESCE(%(expires_at)s::timestamptz, now() + %(expires)s::interval)
+           COALESCE(%(expires_at)s::timestamptz, now() + %(expires)s::interval),
+           %(fair_key)s::text
       FROM advanced AS a
     RETURNING id, queue
 )

@@ -45,7 +45,7 @@ from django_pgqueue.registry import registry
 from django_pgqueue.signals import task_settled
 from django_pgqueue.sql import QUERIES
 from django_pgqueue.worker.claimed import ClaimedTask, claimed_rows
-from django_pgqueue.worker.claimer import STAGE_BATCH, route_params
+from django_pgqueue.worker.claimer import STAGE_BATCH, route_params, stage_params
 from django_pgqueue.worker.execution import execute, execute_async
 from django_pgqueue.worker.outcomes import FAILURE, TIMEOUT, Outcome
 from django_pgqueue.worker.settler import _row_json, _storable
@@ -257,7 +257,7 @@ def _claim_one(
             return None
         cursor.execute(_MAKE_DUE, {"queues": names, "everything": scheduled})
         while True:
-            cursor.execute(QUERIES["stage"], {"queues": names, "limit": STAGE_BATCH})
+            cursor.execute(QUERIES["stage"], stage_params(names, STAGE_BATCH))
             if sum(row[1] for row in cursor.fetchall()) < STAGE_BATCH:
                 break
         params = {

@@ -65,6 +65,9 @@ class ClaimedTask:
     metadata_json: str
     signals_json: str | None = None
     wake_json: str | None = None
+    # A fair task's key (docs/tenants.md; None: not a fair task): the slots let a key
+    # with nothing waiting for a slot go first (SlotPool.submit).
+    fair_key: str | None = None
     # The claim found it expired and ended it cancelled instead of starting it: the
     # claimer counts it and drops it (sql: claim). Never run.
     expired: bool = False

@@ -176,6 +176,8 @@ class Worker:
         key_limits = {(d.name, d.version): d.key_concurrency for d in definitions
                       if d.key_concurrency is not None}  # fmt: skip
         key_rates = {(d.name, d.version): d.key_rate for d in definitions if d.key_rate}
+        # Fair share (docs/tenants.md): the routes whose claim walks by key's turn.
+        fair_routes = {(d.name, d.version) for d in definitions if d.fair_key is not None}
         self.settler = Settler(
             self.alias,
             self.inflight,
@@ -235,6 +237,7 @@ class Worker:
             key_rates=key_rates,
             listen_alias=self._listen_alias(conf),
             claim_batch_bytes=conf.CLAIM_BATCH_BYTES,
+            fair_routes=fair_routes,
         )
         # The live workers, counted by the heartbeat: the fleet-wide duties (sweeper,
         # vacuumer, pruner) tick N times less often in each of N processes.
