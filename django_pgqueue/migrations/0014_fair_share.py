@@ -25,7 +25,7 @@ class Migration(migrations.Migration):
     atomic = False
 
     dependencies = [
-        ("django_pgqueue", "0012_runtime_schedules"),
+        ("django_pgqueue", "0013_enqueue_permission"),
     ]
 
     operations = [
