@@ -96,7 +96,8 @@ def _interval(seconds: float | None) -> timedelta | None:
 # context of the moment); every other key depends only on the task definition, its
 # options and the settings, so build_row computes it once per definition (_constant).
 # An option whose value is computed per call must be added here.
-PER_CALL = frozenset({"args", "kwargs", "metadata", "concurrency_key", "fair_key", "fair_weight"})
+PER_CALL = frozenset({"args", "kwargs", "metadata", "concurrency_key", "fair_key", "fair_weight",
+                      "sequence_key"})
 _EMPTY_JSON = "{}"
 _settings_generation = 0
 
@@ -137,6 +138,10 @@ def build_row(
             constant["concurrency_key"] = row["concurrency_key"]
         if definition.fair_key is None:
             constant["fair_key"] = constant["fair_weight"] = None
+        if definition.sequence_key is None:
+            constant["sequence_key"] = None
+        else:  # a call's state depends on its sequence key: kept as if it had none
+            constant["state"] = _state(definition.options)
         object.__setattr__(
             definition, "_pgqueue_row", (_settings_generation, constant, encrypt)
         )
@@ -166,6 +171,10 @@ def build_row(
         row["concurrency_key"] = _check_key(key, "concurrency_key")
     if "fair_key" not in row:
         row["fair_key"], row["fair_weight"] = _fair_key(definition, args, kwargs, key_per_call)
+    if "sequence_key" not in row:
+        row["sequence_key"] = _sequence_key(definition, args, kwargs, key_per_call)
+        if row["sequence_key"] is not None:
+            row["state"] = "waiting"  # its turn in its sequence (enqueue_keyed)
     row["after"] = list(row["after"])  # a list of its own per row
     return row
 
@@ -197,6 +206,7 @@ def _build_row(
     if concurrency_key is None and definition.concurrency_key is not None and key_per_call:
         concurrency_key = _key_of(definition, args, kwargs)
     fair_key, fair_weight = _fair_key(definition, args, kwargs, key_per_call)
+    sequence_key = _sequence_key(definition, args, kwargs, key_per_call)
     return {
         "id": None,
         "queue": opts.queue or definition.queue,
@@ -207,10 +217,8 @@ def _build_row(
         "kwargs": kwargs_json,
         "run_at": run_at,
         "delay": _interval(opts.delay) or _NO_DELAY,
-        # Scheduled rows are not claimable until the stager makes them pending. Any
-        # explicit run_at counts as scheduled (the caller's clock cannot tell whether it
-        # is past by the database's); one already due is staged at the next claim.
-        "state": "scheduled" if run_at is not None or opts.delay else "pending",
+        # A sequenced call waits for its turn (its start makes it pending or scheduled).
+        "state": "waiting" if sequence_key is not None else _state(opts),
         "max_attempts": opts.max_attempts or definition.max_attempts,
         "retry_policy": _policy_json(backoff, retry_on, discard_on, opts.atomic),
         "timeout": _interval(definition.call_timeout),
@@ -220,6 +228,8 @@ def _build_row(
         "concurrency_key": _check_key(concurrency_key, "concurrency_key"),
         "fair_key": fair_key,
         "fair_weight": fair_weight,
+        "sequence_key": sequence_key,
+        "sequence_hold": definition.sequence_key is not None and definition.on_failure == "hold",
         "after": list(opts.after),
         "proceed": opts.after_failure == "run",
         # Expiry: a time, or seconds after the enqueue statement (the database's clock).
@@ -275,6 +285,35 @@ def _key_of(definition: TaskDefinition, args: Any, kwargs: dict[str, Any]) -> An
             f"{type(exc).__name__}: {exc}"
         ) from exc
     return _check_key(key, f"the key of task {definition.name!r} (its concurrency_key function)")
+
+
+def _state(opts: Any) -> str:
+    """Scheduled rows are not claimable until the stager makes them pending. Any
+    explicit run_at counts as scheduled (the caller's clock cannot tell whether it is
+    past by the database's); one already due is staged at the next claim."""
+    return "scheduled" if opts.run_at is not None or opts.delay else "pending"
+
+
+def _sequence_key(
+    definition: TaskDefinition, args: Any, kwargs: dict[str, Any], key_per_call: bool = True
+) -> str | None:
+    """A sequenced task's sequence for this call: ``using(sequence_key=...)``, else the
+    task's function's (None: this call is in no sequence). None for other tasks, and
+    for enqueue_many's shared row (``key_per_call=False``), which keys each call."""
+    if definition.sequence_key is None:
+        return None
+    if definition.options.sequence_key is not None:
+        return _check_key(definition.options.sequence_key, "sequence_key")
+    if not key_per_call:
+        return None
+    try:
+        key = definition.sequence_key(*args, **kwargs)
+    except Exception as exc:
+        raise InvalidTaskError(
+            f"the sequence_key function of task {definition.name!r} raised "
+            f"{type(exc).__name__}: {exc}"
+        ) from exc
+    return _check_key(key, f"the key of task {definition.name!r} (its sequence_key function)")
 
 
 def _fair_key(
@@ -393,8 +432,8 @@ def _insert_row(alias: str, row: dict[str, Any]) -> tuple[int, datetime]:
         return _insert_after(alias, row)
     if row["unique"] is not None:
         return _insert_unique(alias, row)
-    if row["fair_key"] is not None:
-        query = QUERIES["enqueue_fair"]
+    if row["fair_key"] is not None or row["sequence_key"] is not None:
+        query = QUERIES["enqueue_keyed"]
     else:
         query = QUERIES["enqueue_unique" if row["unique_key"] else "enqueue"]
     with enqueue_cursor(connections[alias]) as cursor:
@@ -434,7 +473,8 @@ def _insert_unique(alias: str, row: dict[str, Any]) -> tuple[int, datetime]:
             cursor.execute(QUERIES["find_unique"], find)
             found = cursor.fetchone()
             if found is None:
-                insert = "enqueue_unique" if row["fair_key"] is None else "enqueue_fair"
+                keyed = row["fair_key"] is not None or row["sequence_key"] is not None
+                insert = "enqueue_keyed" if keyed else "enqueue_unique"
                 cursor.execute(QUERIES[insert], row)
                 inserted = cursor.fetchone()
                 if inserted is not None:
@@ -549,10 +589,12 @@ def enqueue_many(definition: TaskDefinition, calls: Iterable[Any]) -> list[int]:
     shared = build_row(definition, (), {}, key_per_call=False)
     keyed = shared["concurrency_key"] is None and definition.concurrency_key is not None
     fair = definition.fair_key is not None
+    sequenced = definition.sequence_key is not None and shared["sequence_key"] is None
     args_list: list[Any] = []
     kwargs_list: list[Any] = []
     keys_list: list[str | None] = []
     fair_keys: list[tuple[str | None, float | None]] = []
+    sequence_keys: list[str | None] = []
     for index, item in enumerate(calls):
         args, kwargs = _split_call(item)
         try:
@@ -563,6 +605,8 @@ def enqueue_many(definition: TaskDefinition, calls: Iterable[Any]) -> list[int]:
                 keys_list.append(key)
             if fair:
                 fair_keys.append(_fair_key(definition, args, kwargs))
+            if sequenced:
+                sequence_keys.append(_sequence_key(definition, args, kwargs))
         except InvalidTaskError as exc:
             raise InvalidTaskError(f"item {index}: {exc}") from exc
     if not args_list:
@@ -582,6 +626,10 @@ def enqueue_many(definition: TaskDefinition, calls: Iterable[Any]) -> list[int]:
             row["concurrency_key"] = keys_list[i]
         if fair:
             row["fair_key"], row["fair_weight"] = fair_keys[i]
+        if sequenced:
+            row["sequence_key"] = sequence_keys[i]
+        if row["sequence_key"] is not None:
+            row["state"] = "waiting"
         return row
 
     if shared["after"]:
@@ -596,12 +644,15 @@ def enqueue_many(definition: TaskDefinition, calls: Iterable[Any]) -> list[int]:
         "kwargs_list": kwargs_json,
         "keys_list": dumps(keys_list) if keyed else None,
     }
-    if fair:
-        params["fair_keys_list"] = dumps([key for key, _ in fair_keys])
-        params["fair_weights_list"] = dumps([weight for _, weight in fair_keys])
+    keyed = fair or definition.sequence_key is not None
+    if keyed:
+        params["fair_keys_list"] = dumps([key for key, _ in fair_keys]) if fair else None
+        params["fair_weights_list"] = dumps([w for _, w in fair_keys]) if fair else None
+        keys = sequence_keys if sequenced else [shared["sequence_key"]] * len(args_list)
+        params["sequence_keys_list"] = dumps(keys)
     try:
         with enqueue_cursor(connections[alias]) as cursor:
-            cursor.execute(QUERIES["enqueue_many_fair" if fair else "enqueue_many"], params)
+            cursor.execute(QUERIES["enqueue_many_keyed" if keyed else "enqueue_many"], params)
             return [row[0] for row in cursor.fetchall()]
     except ProgrammingError as exc:
         _raise_if_not_migrated(exc, alias)

@@ -101,6 +101,13 @@ class Task(models.Model):
     # when the row becomes due (enqueue, stage); NULL until then.
     fair_key = models.CharField(max_length=255, null=True, blank=True)
     fair_tag = models.FloatField(null=True, blank=True)
+    # Ordered work per key (docs/tenants.md): the tasks of one (queue, sequence_key) run
+    # one at a time, in id order; the others wait their turn ('waiting', wait_reason
+    # 'sequence'), and the pgqueue_sequence_* triggers (migration 0015) start the next
+    # when one ends. sequence_hold: a failure of this task holds its sequence
+    # (on_failure="hold"); on a failed row, that it holds it until released.
+    sequence_key = models.CharField(max_length=255, null=True, blank=True)
+    sequence_hold = models.BooleanField(db_default=False)
 
     class Meta:
         db_table = "pgqueue_task"
@@ -177,6 +184,18 @@ class Task(models.Model):
                         "fair_tag"],
                 name="pgqueue_task_fair_flow",
                 condition=Q(state="pending", fair_key__isnull=False),
+            ),
+            # Sequences (docs/tenants.md): the rows of a (queue, sequence_key) that are
+            # live or hold it (a failed row with sequence_hold), in id order: whose turn
+            # is next, and which sequences are held. Rows without a key are not in it.
+            models.Index(
+                fields=["queue", "sequence_key", "id"],
+                name="pgqueue_task_sequence",
+                condition=Q(sequence_key__isnull=False)
+                & (
+                    Q(state__in=["scheduled", "pending", "running", "waiting"])
+                    | Q(state="failed", sequence_hold=True)
+                ),
             ),
             # Suspensions with a timeout, by when they time out: the stager wakes them.
             models.Index(

@@ -248,6 +248,37 @@ def fair_shares(
     return _dicts("fair_shares", params, using)
 
 
+def release_sequence(queue: str, key: str, database: str | None = None) -> int | None:
+    """Release a sequence held by a failed task (docs/tenants.md): its next waiting task
+    starts, in this call's transaction; the failed task stays a dead letter. Returns
+    the id of the task that starts (None: none waits, or the sequence was not held).
+    Written on the queue's database (or ``database``)."""
+    validate_queue(queue)
+    check_text(key, "sequence key")
+    alias = database or database_for(queue)
+    params = {"queue": queue, "key": key}
+    with transaction.atomic(using=alias), connections[alias].cursor() as cursor:
+        cursor.execute(QUERIES["release_sequence"], params)
+        if cursor.fetchone()[0] is None:
+            return None
+        cursor.execute(QUERIES["start_sequence"], params)
+        return cursor.fetchone()[0]
+
+
+def held_sequences(
+    queue: str | None = None, search: str | None = None, limit: int = 20,
+    using: str | None = None,
+) -> list[dict[str, Any]]:  # fmt: skip
+    """The sequences a failed task holds (docs/tenants.md): ``{"queue", "key",
+    "task_id", "task_name", "finished_at", "waiting"}``, the most recently held first;
+    ``search`` keeps the keys that contain it. Read from the read database unless
+    ``using``."""
+    if queue is not None:
+        validate_queue(queue)
+    params = {"queue": queue, "search": search or None, "limit": limit}
+    return _dicts("held_sequences", params, using)
+
+
 # Ended tasks per state fair_shares reads at most to count the recent starts.
 FAIR_SHARES_SAMPLE = 10_000
 
@@ -297,6 +328,7 @@ class QueueOverviewRow(TypedDict):
     waiting_parents: int
     waiting_signal: int
     waiting_child: int
+    waiting_sequence: int
     failed: int
     oldest_due_seconds: float | None
     oldest_running_seconds: float | None
@@ -308,7 +340,7 @@ class QueueOverviewRow(TypedDict):
 
 def queue_overview(using: str | None = None) -> list[QueueOverviewRow]:
     """Per (queue, task_name): pending routable / unroutable, scheduled, running,
-    waiting (and by what for: waiting_parents, waiting_signal, waiting_child; see
+    waiting (and by what for: waiting_parents, waiting_signal, waiting_child, waiting_sequence; see
     overview.WAIT_REASONS), failed (dead letters), the age in seconds of the oldest due task
     (``oldest_due_seconds``) and of the oldest running attempt, since its claim
     (``oldest_running_seconds``: a hung handler shows there; each None when there is no

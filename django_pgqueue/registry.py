@@ -81,6 +81,7 @@ OPTION_NAMES = (
     "commit_alias",
     "concurrency_key",
     "fair_key",
+    "sequence_key",
     "after",
     "after_failure",
     "retry_on",
@@ -126,6 +127,7 @@ class UsingOptions(TypedDict, total=False):
     commit_alias: str | None
     concurrency_key: str | None
     fair_key: str | None
+    sequence_key: str | None
     after: int | _HasId | Iterable[int | _HasId]
     after_failure: Literal["cancel", "run"]
     retry_on: type[BaseException] | tuple[type[BaseException], ...] | None
@@ -152,6 +154,8 @@ class TaskOptions(TypedDict, total=False):
     key_concurrency: int | None
     key_rate: str | None
     fair_key: Callable[..., str | None] | None
+    sequence_key: Callable[..., str | None] | None
+    on_failure: Literal["hold", "continue"]
     retry_on: type[BaseException] | tuple[type[BaseException], ...] | None
     discard_on: type[BaseException] | tuple[type[BaseException], ...]
     expires: float | timedelta | None
@@ -415,6 +419,8 @@ class EnqueueOptions:
     concurrency_key: str | None = None
     # Fair share (docs/tenants.md): this call's key, instead of the task's function's.
     fair_key: str | None = None
+    # Ordered work (docs/tenants.md): this call's sequence, instead of the function's.
+    sequence_key: str | None = None
     # Dependencies (docs/workflows.md): the ids of the tasks this one waits for, and
     # what a parent that failed or was cancelled does to it ("cancel" or "run").
     after: tuple[int, ...] = ()
@@ -463,6 +469,13 @@ class TaskDefinition(Generic[P, R]):
     # arguments (or given by using(fair_key=...)); keys share the slots of a task by
     # their weights. None: not a fair task.
     fair_key: Callable[..., str | None] | None = None
+    # Ordered work per key (docs/tenants.md): the sequence of a call, computed at enqueue
+    # from its arguments (or given by using(sequence_key=...)); the tasks of one
+    # sequence run one at a time, in enqueue order. None: not a sequenced task.
+    # on_failure: what a task that fails for good does to the rest of its sequence,
+    # "hold" it until released, or let it "continue".
+    sequence_key: Callable[..., str | None] | None = None
+    on_failure: str = "hold"
     # Which exceptions retry (None: all) and which fail at once, as exception names
     # (module.qualname); frozen on each row at enqueue.
     retry_on: tuple[str, ...] | None = None
@@ -543,6 +556,11 @@ class TaskDefinition(Generic[P, R]):
                 f"task {self.name!r} is not a fair task, so a fair_key would share nothing: "
                 "declare it with @task(fair_key=...)"
             )
+        if options.get("sequence_key") is not None and self.sequence_key is None:
+            raise InvalidTaskError(
+                f"task {self.name!r} is not a sequenced task, so a sequence_key would order "
+                "nothing: declare it with @task(sequence_key=...)"
+            )
         if "after" in options:
             options["after"] = validate_after(options["after"])
         for rule in ("retry_on", "discard_on"):
@@ -571,6 +589,8 @@ class TaskDefinition(Generic[P, R]):
             )
         if merged.run_at is not None and merged.delay is not None:
             raise InvalidTaskError("pass either run_at or delay, not both")
+        if self.sequence_key is not None:
+            _check_sequenced(self.name, merged)
         _check_expires_after_start(merged, self.expires)
         return replace(self, options=merged)
 
@@ -615,6 +635,25 @@ class ContextTaskDefinition(TaskDefinition[P, R]):
         self, context: TaskContext, /, *args: P.args, **kwargs: P.kwargs
     ) -> R:  # pyright: ignore[reportIncompatibleMethodOverride]
         return self.func(context, *args, **kwargs)  # type: ignore[no-any-return]
+
+
+# What a task of a sequence that fails for good does to the rest of it (docs/tenants.md).
+ON_FAILURE = ("hold", "continue")
+
+
+def _check_sequenced(name: str, options: EnqueueOptions) -> None:
+    """A sequenced task's call waits for its turn in its sequence only: not for other
+    tasks (after=), and it never takes another queued task's place (replace)."""
+    if options.after:
+        raise InvalidTaskError(
+            f"task {name!r} is a sequenced task: it waits for its turn in its sequence, "
+            "and cannot also wait for other tasks (after=)"
+        )
+    if options.on_conflict == "replace":
+        raise InvalidTaskError(
+            f"task {name!r} is a sequenced task: on_conflict='replace' would move a call "
+            "within its sequence; use on_conflict='keep'"
+        )
 
 
 def _check_expires_after_start(options: EnqueueOptions, default: float | None) -> None:
@@ -764,6 +803,8 @@ def task(
     key_concurrency: int | None = None,
     key_rate: str | None = None,
     fair_key: Callable[..., str | None] | None = None,
+    sequence_key: Callable[..., str | None] | None = None,
+    on_failure: Literal["hold", "continue"] = "hold",
     retry_on: type[BaseException] | tuple[type[BaseException], ...] | None = None,
     discard_on: type[BaseException] | tuple[type[BaseException], ...] = (),
     expires: float | timedelta | None = None,
@@ -784,7 +825,10 @@ def task(
     tasks of one key run at once across the fleet; ``key_rate`` (``"100/m"``) how many
     of one key start per period (docs/limits.md). ``fair_key`` (a function of the task's
     arguments returning a string or None) makes the task fair: the keys it returns
-    share the task's slots by their weights (docs/tenants.md). ``discard_on`` (exception classes)
+    share the task's slots by their weights (docs/tenants.md). ``sequence_key`` (the
+    same kind of function) orders the task: the calls of one key run one at a time, in
+    enqueue order; ``on_failure`` says what one that fails for good does to the rest,
+    "hold" them until released or "continue" (docs/tenants.md). ``discard_on`` (exception classes)
     fails the task at once when its handler raises one of them; with ``retry_on``, only those retry
     and any other exception fails at once (docs/tasks.md, "Retrying by exception").
     ``expires`` (seconds) is the default expiry: a task not started that long after
@@ -818,6 +862,27 @@ def task(
                 f"@task on {_origin(fn)}: fair_key must be a function of the task's "
                 f"arguments returning a string, not {short_repr(fair_key)}; pass a "
                 "fixed key per call with .using(fair_key=...)"
+            )
+        if sequence_key is not None and not callable(sequence_key):
+            raise ImproperlyConfigured(
+                f"@task on {_origin(fn)}: sequence_key must be a function of the task's "
+                f"arguments returning a string, not {short_repr(sequence_key)}; pass a "
+                "fixed key per call with .using(sequence_key=...)"
+            )
+        if on_failure not in ON_FAILURE:
+            raise ImproperlyConfigured(
+                f"@task on {_origin(fn)}: on_failure must be one of "
+                f"{', '.join(map(repr, ON_FAILURE))}, not {short_repr(on_failure)}"
+            )
+        if on_failure != "hold" and sequence_key is None:
+            raise ImproperlyConfigured(
+                f"@task on {_origin(fn)}: on_failure is what a failed task does to its "
+                "sequence: give the task a sequence_key too"
+            )
+        if sequence_key is not None and on_conflict == "replace":
+            raise ImproperlyConfigured(
+                f"@task on {_origin(fn)}: a sequenced task cannot replace a queued call "
+                "(on_conflict='replace' would move it within its sequence)"
             )
         rate = None
         if key_rate is not None:
@@ -857,6 +922,8 @@ def task(
                 key_concurrency=limit,
                 key_rate=rate,
                 fair_key=fair_key,
+                sequence_key=sequence_key,
+                on_failure=on_failure,
                 retry_on=None if retry_on is None else validate_exceptions(retry_on, "retry_on"),
                 discard_on=validate_exceptions(discard_on, "discard_on"),
                 expires=(

@@ -31,3 +31,34 @@ def fair_run(context: TaskContext, customer: str, n: int, seconds: float = 0.005
     time.sleep(seconds)
     record_run("end", context.task_id, context.attempt, context.lease_token)
     return n
+
+
+def _account(account: str | None, *_: object, **__: object) -> str | None:
+    return None if account is None else f"account:{account}"
+
+
+@task(sequence_key=_account, max_attempts=1)
+def ordered_job(account: str | None, n: int = 0) -> int:
+    """A sequenced task: the calls of one account run one at a time, in enqueue order;
+    a failure holds the account's sequence (the default)."""
+    return n
+
+
+@task(sequence_key=_account, on_failure="continue", max_attempts=1)
+def ordered_continue(account: str, n: int = 0) -> int:
+    """A sequenced task whose failure lets the rest of the sequence go on."""
+    return n
+
+
+@task(takes_context=True, sequence_key=_account, max_attempts=25)
+def ordered_run(
+    context: TaskContext, account: str, n: int, seconds: float = 0.01, fail_times: int = 0
+) -> int:
+    """A sequenced ledger run (tests/ledger.py): fails its first ``fail_times`` attempts
+    (after recording its end), so that its retries keep the sequence's head."""
+    record_run("start", context.task_id, context.attempt, context.lease_token)
+    time.sleep(seconds)
+    record_run("end", context.task_id, context.attempt, context.lease_token)
+    if context.attempt <= fail_times:
+        raise RuntimeError(f"attempt {context.attempt} of {fail_times} failing")
+    return n

@@ -237,7 +237,7 @@ FAIR_ROWS = 100_000
 
 def fill_fair(conn: psycopg.Connection, keys: int) -> None:
     """100,000 due tasks of tests.tenant_tasks.fair_job over ``keys`` keys, each key's
-    rows one step apart from the head, as enqueue_many_fair places them."""
+    rows one step apart from the head, as enqueue_many_keyed places them."""
     conn.execute(
         "INSERT INTO pgqueue_task (queue, task_name, args, fair_key, fair_tag) "
         "SELECT 'default', 'tests.tenant_tasks.fair_job', jsonb_build_array(n), "
@@ -291,10 +291,11 @@ def test_a_fair_enqueue_reads_two_index_entries_whatever_the_number_of_keys(sess
         "priority": 0, "args": "[]", "kwargs": "{}", "run_at": None, "delay": "0",
         "state": "pending", "max_attempts": 3, "retry_policy": "{}", "timeout": None,
         "unique_key": None, "metadata": "{}", "concurrency_key": None, "expires_at": None,
-        "expires": None, "fair_key": "customer:7", "fair_weight": 1.0,
+        "expires": None, "fair_key": "customer:7", "fair_weight": 1.0, "sequence_key": None,
+        "sequence_hold": False,
     }  # fmt: skip
 
-    plan = analyze(session, "enqueue_fair", row)
+    plan = analyze(session, "enqueue_keyed", row)
 
     assert "Seq Scan pgqueue_task" not in node_types(plan)
     assert buffers(plan) < 60, plan

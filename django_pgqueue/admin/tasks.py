@@ -705,6 +705,8 @@ class TaskAdmin(WithoutDeleteSelected, ForgedInputMixin, admin.ModelAdmin):
             why = f"the signal {obj.wait_signal}"
         elif obj.wait_reason == "child":
             why = f"{obj.parents_pending} task(s) it suspended on"
+        elif obj.wait_reason == "sequence":
+            why = f"its turn in the sequence {obj.sequence_key}"
         else:
             why = obj.wait_reason or "?"
         return format_html('{}<div class="pgqueue-why">waits for {}</div>', state, why)
@@ -778,6 +780,11 @@ class TaskAdmin(WithoutDeleteSelected, ForgedInputMixin, admin.ModelAdmin):
             return format_html(
                 "{} task(s) it suspended on (<code>context.wait_for</code>) to end, listed below",
                 obj.parents_pending,
+            )
+        if obj.wait_reason == "sequence":
+            return format_html(
+                "its turn in the sequence <code>{}</code>: the tasks of the sequence enqueued "
+                "before it, one at a time", obj.sequence_key,
             )
         return obj.wait_reason or EMPTY
 

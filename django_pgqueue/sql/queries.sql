@@ -134,10 +134,14 @@ INSERT INTO pgqueue_task (
         END AS woke;
 
 
--- name: enqueue_fair
--- One call of a fair task (docs/tenants.md), in the caller's transaction: as
--- enqueue_unique (a live duplicate of its unique_key wins; without a key nothing
--- conflicts), with its fair key and, when it is due now, its place in its key's flow:
+-- name: enqueue_keyed
+-- One call of a fair or sequenced task (docs/tenants.md), in the caller's transaction:
+-- as enqueue_unique (a live duplicate of its unique_key wins; without a key nothing
+-- conflicts), with its keys.
+-- A sequenced call (a sequence_key) is inserted waiting its turn ('waiting',
+-- wait_reason 'sequence'); the pgqueue_sequence_join trigger starts it at the commit
+-- if its sequence has no head (migration 0015), and sends the wake-up then.
+-- A fair call (a fair_key) gets, when it is due now, its place in its key's flow:
 -- fair_tag, the virtual start time the claim orders it by within its priority.
 -- * The place is one step (1 / weight) after the last pending task of its flow (its
 --   route, key and priority; pgqueue_task_fair_flow, one probe), and never before the
@@ -155,7 +159,7 @@ INSERT INTO pgqueue_task (
 INSERT INTO pgqueue_task (
     id, queue, task_name, handler_version, priority, args, kwargs, run_at, state,
     max_attempts, retry_policy, timeout, unique_key, metadata, concurrency_key, expires_at,
-    fair_key, fair_tag
+    fair_key, fair_tag, sequence_key, sequence_hold, wait_reason
 )
     VALUES (
         COALESCE(%(id)s, nextval('pgqueue_task_id_seq')),
@@ -165,7 +169,8 @@ INSERT INTO pgqueue_task (
         %(metadata)s, %(concurrency_key)s,
         COALESCE(%(expires_at)s, statement_timestamp() + %(expires)s),
         %(fair_key)s::text,
-        CASE WHEN %(state)s::text = 'pending' THEN COALESCE(GREATEST(
+        CASE WHEN %(state)s::text = 'pending' AND %(fair_key)s::text IS NOT NULL
+             THEN COALESCE(GREATEST(
             (SELECT h.fair_tag
                FROM pgqueue_task AS h
               WHERE h.state = 'pending' AND h.fair_key IS NOT NULL
@@ -191,13 +196,16 @@ INSERT INTO pgqueue_task (
                          AND starts_with(%(fair_key)s::text, left(w.key, -1)))
                   ORDER BY w.key = %(fair_key)s::text DESC, length(w.key) DESC
                   LIMIT 1),
-                %(fair_weight)s::float8)), 0) END
+                %(fair_weight)s::float8)), 0) END,
+        %(sequence_key)s::text, %(sequence_hold)s::bool,
+        CASE WHEN %(sequence_key)s::text IS NOT NULL THEN 'sequence' END
     )
     ON CONFLICT (unique_key) WHERE unique_key IS NOT NULL
                                 AND state IN ('scheduled', 'pending', 'running', 'waiting')
     DO NOTHING
     RETURNING id, enqueued_at,
         CASE -- the wake-up (see the header): notify only when a worker may be parked
+            WHEN state = 'waiting' THEN NULL -- its turn's start wakes the queue
             WHEN NOT pg_try_advisory_xact_lock_shared(1885827328, hashtext(queue) & 63)
                 -- a claimer is checking in flight enqueues at this instant: notify
                 THEN pg_notify('pgqueue_' || (hashtext(queue) & 63), queue)::text
@@ -314,23 +322,27 @@ SELECT id, (SELECT pg_notify('pgqueue_' || (hashtext(%(queue)s) & 63), %(queue)s
  ORDER BY id;
 
 
--- name: enqueue_many_fair
--- enqueue_many for a fair task (docs/tenants.md): each call's fair key
--- (fair_keys_list) and the weight FAIR_WEIGHTS gives it (fair_weights_list, which a
--- pgqueue_fair_weight row of the key overrides), and, when the calls are due now,
--- their places: as enqueue_fair's, per key of the batch (flows: one probe of
+-- name: enqueue_many_keyed
+-- enqueue_many for a fair or sequenced task (docs/tenants.md), with each call's keys as
+-- enqueue_keyed inserts them: its sequence (sequence_keys_list; NULL: none), waiting
+-- its turn, started at the commit by the pgqueue_sequence_join trigger; its fair key
+-- (fair_keys_list; NULL: none) and the weight FAIR_WEIGHTS gives it
+-- (fair_weights_list, which a pgqueue_fair_weight row of the key overrides), and, when
+-- the calls are due now, their places: as enqueue_keyed's, per key of the batch (flows: one probe of
 -- pgqueue_task_fair_flow per key, one of pgqueue_task_fair for the batch's line), then
 -- one step (1 / weight) apart within the key, in the order of the calls. A backlog of
 -- one key enqueued at once so spreads over its turns, and other keys' tasks enqueued
 -- later take theirs between them.
 WITH calls AS (
-    SELECT c.args, c.kwargs, c.key, c.fair_key, c.fair_weight::float8 AS fair_weight, c.n
+    SELECT c.args, c.kwargs, c.key, c.fair_key, c.fair_weight::float8 AS fair_weight,
+           c.sequence_key, c.n
       FROM ROWS FROM (jsonb_array_elements(%(args_list)s::jsonb),
                       jsonb_array_elements(%(kwargs_list)s::jsonb),
                       jsonb_array_elements_text(COALESCE(%(keys_list)s::jsonb, '[]')),
-                      jsonb_array_elements_text(%(fair_keys_list)s::jsonb),
-                      jsonb_array_elements_text(%(fair_weights_list)s::jsonb))
-           WITH ORDINALITY AS c(args, kwargs, key, fair_key, fair_weight, n)
+                      jsonb_array_elements_text(COALESCE(%(fair_keys_list)s::jsonb, '[]')),
+                      jsonb_array_elements_text(COALESCE(%(fair_weights_list)s::jsonb, '[]')),
+                      jsonb_array_elements_text(COALESCE(%(sequence_keys_list)s::jsonb, '[]')))
+           WITH ORDINALITY AS c(args, kwargs, key, fair_key, fair_weight, sequence_key, n)
 ),
 line AS MATERIALIZED (
     SELECT (SELECT h.fair_tag
@@ -355,7 +367,7 @@ flows AS MATERIALIZED (
                    AND t.fair_tag IS NOT NULL
                  ORDER BY t.fair_tag DESC
                  LIMIT 1) + s.step), 0) AS base
-      FROM (SELECT DISTINCT fair_key, fair_weight FROM calls) AS f
+      FROM (SELECT DISTINCT fair_key, fair_weight FROM calls WHERE fair_key IS NOT NULL) AS f
      CROSS JOIN LATERAL (
                SELECT 1.0 / COALESCE(
                           (SELECT w.weight
@@ -372,20 +384,23 @@ inserted AS (
     INSERT INTO pgqueue_task (
         queue, task_name, handler_version, priority, args, kwargs, run_at, state,
         max_attempts, retry_policy, timeout, unique_key, metadata, concurrency_key, expires_at,
-        fair_key, fair_tag
+        fair_key, fair_tag, sequence_key, sequence_hold, wait_reason
     )
     SELECT %(queue)s::text, %(task_name)s::text, %(handler_version)s::int, %(priority)s::int,
            c.args, c.kwargs,
            COALESCE(%(run_at)s, statement_timestamp() + %(delay)s),
-           %(state)s::text, %(max_attempts)s, %(retry_policy)s::jsonb, %(timeout)s::interval,
+           CASE WHEN c.sequence_key IS NOT NULL THEN 'waiting' ELSE %(state)s::text END,
+           %(max_attempts)s, %(retry_policy)s::jsonb, %(timeout)s::interval,
            NULL, %(metadata)s::jsonb, COALESCE(c.key, %(concurrency_key)s::text),
            COALESCE(%(expires_at)s::timestamptz, statement_timestamp() + %(expires)s::interval),
            c.fair_key,
-           CASE WHEN %(state)s::text = 'pending'
+           CASE WHEN %(state)s::text = 'pending' AND c.sequence_key IS NULL
                 THEN f.base + (row_number() OVER (PARTITION BY c.fair_key ORDER BY c.n) - 1)
-                              * f.step END
+                              * f.step END,
+           c.sequence_key, %(sequence_hold)s::bool,
+           CASE WHEN c.sequence_key IS NOT NULL THEN 'sequence' END
       FROM calls AS c
-      JOIN flows AS f ON f.fair_key = c.fair_key
+      LEFT JOIN flows AS f ON f.fair_key = c.fair_key
      ORDER BY c.n
     RETURNING id
 )
@@ -1411,7 +1426,7 @@ RETURNING q.paused, q.paused_tasks::text AS paused_tasks,
 
 -- name: set_fair_weight
 -- A fair-share weight at runtime (docs/tenants.md), for a key or a prefix ('stem*'):
--- one row of pgqueue_fair_weight, by primary key. enqueue_fair, enqueue_many_fair and
+-- one row of pgqueue_fair_weight, by primary key. enqueue_keyed, enqueue_many_keyed and
 -- stage read it for every task of a matching key that becomes due after this commits
 -- (it wins over FAIR_WEIGHTS); tasks already due keep their places.
 INSERT INTO pgqueue_fair_weight AS w (key, weight, set_at)
@@ -1489,6 +1504,55 @@ SELECT e.queue, e.key, COALESCE(d.pending, 0) AS pending, COALESCE(r.running, 0)
  LIMIT %(limit)s;
 
 
+-- name: release_sequence
+-- An operator releases a held sequence (docs/tenants.md): its failed task that holds it
+-- stops holding it (sequence_hold), and its next waiting task starts
+-- (pgqueue_sequence_start_next, migration 0015: in id order, pending with a wake-up),
+-- in this one transaction. The sequence's advisory lock first (class 1885827336, as
+-- the pgqueue_sequence_join trigger takes it at an enqueue's commit): the two take
+-- turns. The failed task stays a dead letter (retry it instead to run it again, at the
+-- head). By (queue, sequence_key) through pgqueue_task_sequence. Returns the released
+-- task's id and the started one's (NULL: none waited).
+WITH locked AS MATERIALIZED (
+    SELECT pg_advisory_xact_lock(1885827336, hashtext(%(queue)s::text || ' ' || %(key)s::text))
+),
+released AS (
+    UPDATE pgqueue_task AS t
+       SET sequence_hold = false
+      FROM locked
+     WHERE t.queue = %(queue)s::text AND t.sequence_key = %(key)s::text
+       AND t.state = 'failed' AND t.sequence_hold
+    RETURNING t.id
+)
+SELECT (SELECT min(id) FROM released) AS released;
+
+
+-- name: start_sequence
+-- After release_sequence, in its transaction (a statement of its own: its snapshot sees
+-- the release): the sequence's next task, if nothing else holds it.
+SELECT pgqueue_sequence_start_next(%(queue)s::text, %(key)s::text) AS started;
+
+
+-- name: held_sequences
+-- Sequences held by a failed task (docs/tenants.md; the overview, pgqueue_sequence):
+-- per held (queue, key), the task that holds it and when it failed, and how many tasks
+-- wait their turn behind it; the most recently held first, at most %(limit)s, of
+-- %(queue)s (NULL: all) and of the keys that contain %(search)s (NULL: any). The held
+-- rows through pgqueue_task_sequence (its failed part holds only these); the waiting
+-- ones counted per sequence through the same index.
+SELECT h.queue, h.sequence_key AS key, h.id AS task_id, h.task_name, h.finished_at,
+       (SELECT count(*)
+          FROM pgqueue_task AS w
+         WHERE w.queue = h.queue AND w.sequence_key = h.sequence_key
+           AND w.state = 'waiting' AND w.wait_reason = 'sequence') AS waiting
+  FROM pgqueue_task AS h
+ WHERE h.state = 'failed' AND h.sequence_hold AND h.sequence_key IS NOT NULL
+   AND (%(queue)s::text IS NULL OR h.queue = %(queue)s::text)
+   AND (%(search)s::text IS NULL OR strpos(h.sequence_key, %(search)s::text) > 0)
+ ORDER BY h.finished_at DESC, h.id DESC
+ LIMIT %(limit)s;
+
+
 -- name: queue_pauses
 -- Every queue's pause state (the overview, metrics, pgqueue_status), and its rate
 -- budget: rate_tat_in is how far the rate limit's theoretical arrival time lies ahead
@@ -1517,7 +1581,7 @@ SELECT name AS queue, paused, paused_tasks::text AS paused_tasks, paused_at,
 -- waiting for its parents at its expiry (enqueue_after sets its wait_until to it).
 -- expired counts them per queue; only queues with rows made pending are woken.
 -- Fair tasks (docs/tenants.md) get their places in their keys' flows as they become
--- due, as enqueue_fair gives them to tasks due at once: per flow of the batch, one
+-- due, as enqueue_keyed gives them to tasks due at once: per flow of the batch, one
 -- probe of pgqueue_task_fair_flow and one of pgqueue_task_fair, then one step
 -- (1 / weight) apart in the order they were due. Weights: pgqueue_fair_weight, else
 -- FAIR_WEIGHTS (%(fair_weight_keys)s, %(fair_weight_values)s), else 1. So a key's
@@ -2452,7 +2516,7 @@ SELECT state FROM pruned;
 --   failed     pgqueue_task_retention  (every dead letter, with when it died)
 --   succeeded  pgqueue_task_retention  (finished_at within the last hour only)
 -- Waiting rows are also counted by what they wait for (wait_reason: 'parents',
--- 'signal', 'child'); wait_reason is not in pgqueue_task_waiting, so that branch reads
+-- 'signal', 'child', 'sequence'); wait_reason is not in pgqueue_task_waiting, so that branch reads
 -- the heap row of each waiting row, and of nothing else.
 -- live_routes: the same definition as in fail_unroutable (keep them in step).
 WITH live_routes AS (
@@ -2503,6 +2567,7 @@ SELECT t.queue,
        count(*) FILTER (WHERE t.wait_reason = 'parents') AS waiting_parents,
        count(*) FILTER (WHERE t.wait_reason = 'signal') AS waiting_signal,
        count(*) FILTER (WHERE t.wait_reason = 'child') AS waiting_child,
+       count(*) FILTER (WHERE t.wait_reason = 'sequence') AS waiting_sequence,
        count(*) FILTER (WHERE t.state = 'failed') AS failed,
        EXTRACT(EPOCH FROM now() - min(t.run_at) FILTER (
            WHERE t.state IN ('pending', 'scheduled') AND t.run_at <= now()
@@ -2977,8 +3042,8 @@ SELECT n.name, n.task_name, n.spec, n.timezone, now()
 -- name takes precedence). row_current says whether the row is there, running, and the
 -- worker's version: when it is not, the worker reads the rows again.
 -- The task's columns and parameters are those of enqueue (build_row: validated the
--- same way; a fair task's key, with no place in its flow: the head of its line); it is
--- pending, due now, with the schedule and tick in its metadata. An
+-- same way; a fair task's key, with no place in its flow: the head of its line; a
+-- sequenced task waiting its turn, as enqueue_keyed inserts it); it is pending, due now, with the schedule and tick in its metadata. An
 -- expiry in seconds counts from now(), the tick's enqueue (not the tick's own time).
 -- Wakes the queue's workers (as enqueue_many: no parked-claimer check, ticks are rare)
 -- only when a task was inserted. Returns the database's now() either way: the
@@ -3005,14 +3070,16 @@ inserted AS (
     INSERT INTO pgqueue_task (
         id, queue, task_name, handler_version, priority, args, kwargs, run_at, state,
         max_attempts, retry_policy, timeout, unique_key, metadata, concurrency_key, expires_at,
-        fair_key
+        fair_key, sequence_key, sequence_hold, wait_reason
     )
     SELECT a.last_task_id, %(queue)s::text, %(task_name)s::text, %(handler_version)s::int,
-           %(priority)s::int, %(args)s::jsonb, %(kwargs)s::jsonb, now(), 'pending',
+           %(priority)s::int, %(args)s::jsonb, %(kwargs)s::jsonb, now(),
+           CASE WHEN %(sequence_key)s::text IS NULL THEN 'pending' ELSE 'waiting' END,
            %(max_attempts)s::int, %(retry_policy)s::jsonb, %(timeout)s::interval,
            %(unique_key)s::text, %(metadata)s::jsonb, %(concurrency_key)s::text,
            COALESCE(%(expires_at)s::timestamptz, now() + %(expires)s::interval),
-           %(fair_key)s::text
+           %(fair_key)s::text, %(sequence_key)s::text, %(sequence_hold)s::bool,
+           CASE WHEN %(sequence_key)s::text IS NOT NULL THEN 'sequence' END
       FROM advanced AS a
     RETURNING id, queue
 )
