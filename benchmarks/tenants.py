@@ -1,6 +1,12 @@
 """``python -m benchmarks.tenants``: many tenants on one queue (docs/tenants.md).
 
-Fair share. One worker process with the defaults (as W2a) serves a fair task
+Batch handlers (``--only batch``). 10,000 calls enqueued before one worker process (the
+defaults) starts, through a batch handler (benchmarks/tenant_tasks.py: ``batch_call``,
+100 calls a batch) and through a task of one call (``one_call``), each handler calling a
+remote API whose round trip is ``--api-ms`` (a sleep), and without one: calls settled per
+second, from the first start to the last settlement.
+
+Fair share (``--only fair``). One worker process with the defaults (as W2a) serves a fair task
 (benchmarks/tenant_tasks.py: ``fair_probe``, a no-op that returns when its handler
 started). Each run measures, on the same database:
 
@@ -165,6 +171,35 @@ def beside_backlog(backlog: int) -> dict[str, Any]:
     }
 
 
+BATCH_CALLS = 10_000
+
+
+def call_drain(kind: str, calls: int, api_ms: float) -> dict[str, Any]:
+    """``calls`` calls enqueued before one worker starts: through the batch handler
+    (``batch_call``, 100 a batch) or one call per task (``one_call``); from the first
+    start to the last settlement."""
+    from benchmarks.tenant_tasks import batch_call, one_call
+
+    definition = batch_call if kind == "batch" else one_call
+    reset_queue()
+    for start in range(0, calls, 1000):
+        definition.enqueue_many(range(start, min(calls, start + 1000)))
+    with raw_connection() as conn:
+        conn.execute("VACUUM ANALYZE pgqueue_task")
+        worker = WorkerProcess(
+            log_name=f"tenants-{kind}", env={**TENANTS_ENV, "PGQUEUE_BENCH_API_MS": str(api_ms)}
+        )
+        try:
+            wait_for(lambda: count(conn, "state = 'succeeded'") >= calls, 600, 0.05)
+            first, last = conn.execute(
+                "SELECT min(started_at), max(finished_at) FROM pgqueue_task"
+            ).fetchone()
+        finally:
+            worker.stop()
+    seconds = (last - first).total_seconds()
+    return {"rate": calls / seconds, "seconds": seconds}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.tenants", description=__doc__)
     parser.add_argument("--runs", type=int, default=3, help="runs (median)")
@@ -173,6 +208,14 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument(
         "--trickle-seconds", type=float, default=20.0, help="the empty queue's trickle (s)"
+    )
+    parser.add_argument(
+        "--only", default="fair,batch", help="comma-separated: fair (the fair share "
+        "workload), batch (10,000 calls through a batch handler and a plain one)",
+    )
+    parser.add_argument(
+        "--api-ms", type=float, default=5.0,
+        help="the batch workload's remote API round trip per request (ms)",
     )
     parser.add_argument("--json", type=str, default=None, help="write the results here")
     args = parser.parse_args(argv)
@@ -200,8 +243,33 @@ def main(argv: list[str] | None = None) -> int:
             ratio_to="w2a", target=">= 0.9x W2a", check=lambda _, r: r is not None and r >= 0.9,
         ),
     }  # fmt: skip
+    calls = int(BATCH_CALLS * args.scale)
+    rows |= {
+        "plain_calls": Row("plain_calls", f"{calls:,} calls, one task each, {args.api_ms:g} ms "
+                           "API", "calls/s"),
+        "batch_calls": Row(
+            "batch_calls", f"{calls:,} calls, a batch handler (100 a batch), {args.api_ms:g} "
+            "ms API", "calls/s", ratio_to="plain_calls",
+        ),
+        "plain_noop": Row("plain_noop", f"{calls:,} calls, one task each, no API", "calls/s"),
+        "batch_noop": Row("batch_noop", f"{calls:,} calls, a batch handler, no API", "calls/s",
+                          ratio_to="plain_noop"),
+    }  # fmt: skip
+    only = set(args.only.split(","))
     details: list[dict[str, Any]] = []
     for run in range(args.runs):
+        if "batch" in only:
+            measured = {}
+            for key, kind, api_ms in [("plain_calls", "plain", args.api_ms),
+                                      ("batch_calls", "batch", args.api_ms),
+                                      ("plain_noop", "plain", 0.0),
+                                      ("batch_noop", "batch", 0.0)]:  # fmt: skip
+                measured[key] = call_drain(kind, calls, api_ms)
+                rows[key].samples.append(measured[key]["rate"])
+            details.append({"batch": measured})
+            print(f"run {run + 1}: {measured}")
+        if "fair" not in only:
+            continue
         empty = empty_queue(args.trickle_seconds)
         beside = beside_backlog(backlog)
         plain = drain(backlog, 1)

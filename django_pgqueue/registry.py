@@ -39,6 +39,7 @@ from django_pgqueue.payload import check_text, short_repr
 from django_pgqueue.retry import MAX_SECONDS, RetryPolicy, exception_names
 
 if TYPE_CHECKING:
+    from django_pgqueue.batch import BatchCall
     from django_pgqueue.context import TaskContext
     from django_pgqueue.workflows import Step
 
@@ -139,9 +140,8 @@ class UsingOptions(TypedDict, total=False):
     atomic: bool
 
 
-class TaskOptions(TypedDict, total=False):
-    """The options of ``@task(...)`` besides ``takes_context``, for type checkers (the
-    overloads of ``task``; tests/test_typing.py keeps them in step with its signature)."""
+class _TaskOptions(TypedDict, total=False):
+    """The options of ``@task(...)`` besides ``takes_context`` and ``batch_size``."""
 
     name: str | None
     queue: str | None
@@ -156,6 +156,7 @@ class TaskOptions(TypedDict, total=False):
     fair_key: Callable[..., str | None] | None
     sequence_key: Callable[..., str | None] | None
     on_failure: Literal["hold", "continue"]
+    batch_wait: float
     retry_on: type[BaseException] | tuple[type[BaseException], ...] | None
     discard_on: type[BaseException] | tuple[type[BaseException], ...]
     expires: float | timedelta | None
@@ -164,6 +165,13 @@ class TaskOptions(TypedDict, total=False):
     on_conflict: Literal["keep", "replace"] | None
     atomic: bool
     encrypt: bool | None
+
+
+class TaskOptions(_TaskOptions, total=False):
+    """The options of ``@task(...)`` besides ``takes_context``, for type checkers (the
+    overloads of ``task``; tests/test_typing.py keeps them in step with its signature)."""
+
+    batch_size: int | None
 
 
 def validate_queue(queue: Any) -> str:
@@ -476,6 +484,11 @@ class TaskDefinition(Generic[P, R]):
     # "hold" it until released, or let it "continue".
     sequence_key: Callable[..., str | None] | None = None
     on_failure: str = "hold"
+    # Batch handlers (docs/tenants.md, batch.py): the function takes a list of at most
+    # batch_size calls, the due calls a worker found, or those that came within
+    # batch_wait seconds of the first. None: a task of one call.
+    batch_size: int | None = None
+    batch_wait: float = 0.0
     # Which exceptions retry (None: all) and which fail at once, as exception names
     # (module.qualname); frozen on each row at enqueue.
     retry_on: tuple[str, ...] | None = None
@@ -771,6 +784,12 @@ def task(func: Callable[P, R], /) -> TaskDefinition[P, R]: ...
 
 @overload
 def task(
+    *, batch_size: int, takes_context: Literal[False] = False, **options: Unpack[_TaskOptions]
+) -> Callable[[Callable[[list[BatchCall]], R]], TaskDefinition[..., R]]: ...
+
+
+@overload
+def task(
     *, takes_context: Literal[False] = False, **options: Unpack[TaskOptions]
 ) -> Callable[[Callable[P, R]], TaskDefinition[P, R]]: ...
 
@@ -805,6 +824,8 @@ def task(
     fair_key: Callable[..., str | None] | None = None,
     sequence_key: Callable[..., str | None] | None = None,
     on_failure: Literal["hold", "continue"] = "hold",
+    batch_size: int | None = None,
+    batch_wait: float = 0.0,
     retry_on: type[BaseException] | tuple[type[BaseException], ...] | None = None,
     discard_on: type[BaseException] | tuple[type[BaseException], ...] = (),
     expires: float | timedelta | None = None,
@@ -828,7 +849,9 @@ def task(
     share the task's slots by their weights (docs/tenants.md). ``sequence_key`` (the
     same kind of function) orders the task: the calls of one key run one at a time, in
     enqueue order; ``on_failure`` says what one that fails for good does to the rest,
-    "hold" them until released or "continue" (docs/tenants.md). ``discard_on`` (exception classes)
+    "hold" them until released or "continue" (docs/tenants.md). With ``batch_size`` the
+    function takes a list of calls (``BatchCall``), at most that many, or those due
+    within ``batch_wait`` seconds of the first (docs/tenants.md). ``discard_on`` (exception classes)
     fails the task at once when its handler raises one of them; with ``retry_on``, only those retry
     and any other exception fails at once (docs/tasks.md, "Retrying by exception").
     ``expires`` (seconds) is the default expiry: a task not started that long after
@@ -884,6 +907,7 @@ def task(
                 f"@task on {_origin(fn)}: a sequenced task cannot replace a queued call "
                 "(on_conflict='replace' would move it within its sequence)"
             )
+        _check_batch(fn, batch_size, batch_wait, takes_context, fair_key, sequence_key)
         rate = None
         if key_rate is not None:
             from django_pgqueue.limits import parse_rate
@@ -924,6 +948,8 @@ def task(
                 fair_key=fair_key,
                 sequence_key=sequence_key,
                 on_failure=on_failure,
+                batch_size=batch_size,
+                batch_wait=float(batch_wait),
                 retry_on=None if retry_on is None else validate_exceptions(retry_on, "retry_on"),
                 discard_on=validate_exceptions(discard_on, "discard_on"),
                 expires=(
@@ -945,6 +971,53 @@ def task(
     if func is not None:
         return decorate(func)
     return decorate
+
+
+# The largest batch a batch handler may take, and the longest wait for one (seconds).
+BATCH_SIZE_MAX = 10_000
+BATCH_WAIT_MAX = 3600.0
+
+
+def _check_batch(
+    fn: Callable[..., Any],
+    batch_size: Any,
+    batch_wait: Any,
+    takes_context: bool,
+    fair_key: Any,
+    sequence_key: Any,
+) -> None:
+    """A batch handler's options (docs/tenants.md), or ImproperlyConfigured."""
+    where = f"@task on {_origin(fn)}"
+    if batch_size is None:
+        if batch_wait != 0.0:
+            raise ImproperlyConfigured(
+                f"{where}: batch_wait is how long a batch waits to fill: give batch_size too"
+            )
+        return
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or not (
+        1 <= batch_size <= BATCH_SIZE_MAX
+    ):
+        raise ImproperlyConfigured(
+            f"{where}: batch_size must be an int from 1 to {BATCH_SIZE_MAX:,}, "
+            f"not {short_repr(batch_size)}"
+        )
+    if not _is_number(batch_wait) or not 0 <= batch_wait <= BATCH_WAIT_MAX:
+        raise ImproperlyConfigured(
+            f"{where}: batch_wait must be a number of seconds from 0 to {BATCH_WAIT_MAX:g}, "
+            f"not {short_repr(batch_wait)}"
+        )
+    refused = [
+        ("takes_context=True", takes_context),
+        ("async def", inspect.iscoroutinefunction(fn)),
+        ("fair_key", fair_key is not None),
+        ("sequence_key", sequence_key is not None),
+    ]
+    for name, given in refused:
+        if given:
+            raise ImproperlyConfigured(
+                f"{where}: a batch handler (batch_size) cannot have {name}: it takes a list "
+                "of calls (BatchCall), each with its task's id, attempt and arguments"
+            )
 
 
 def autodiscover() -> None:

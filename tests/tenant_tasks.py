@@ -5,10 +5,11 @@ PGQUEUE_TEST_TENANTS=1 (tests/settings.py): the other tests' workers do not have
 so their claims stay the plain ones.
 """
 
+import os
 import time
 
-from django_pgqueue import TaskContext, task
-from tests.ledger import record_run
+from django_pgqueue import BatchCall, TaskContext, task
+from tests.ledger import append, ledger_path, record_run
 
 
 @task(fair_key=lambda customer, n=0: None if customer is None else f"customer:{customer}")
@@ -62,3 +63,28 @@ def ordered_run(
     if context.attempt <= fail_times:
         raise RuntimeError(f"attempt {context.attempt} of {fail_times} failing")
     return n
+
+
+@task(batch_size=5, batch_wait=0.3, max_attempts=3)
+def batch_send(batch: list[BatchCall]) -> None:
+    """A batch handler: records each batch it takes in the ledger (its task ids and
+    attempts), fails the calls whose ``fail_until`` reaches their attempt, and gives the
+    others their ``n`` doubled as a result; sleeps ``sleep`` (the largest of the batch)."""
+    append(ledger_path(), {
+        "event": "batch", "tasks": [c.task_id for c in batch],
+        "attempts": [c.attempt for c in batch], "pid": os.getpid(), "t": time.time(),
+    })  # fmt: skip
+    time.sleep(max(c.kwargs.get("sleep", 0) for c in batch))
+    for call in batch:
+        if call.kwargs.get("fail_until", 0) >= call.attempt:
+            call.fail(RuntimeError(f"call {call.task_id} failing on attempt {call.attempt}"))
+        else:
+            call.result = call.args[0] * 2
+
+
+@task(batch_size=10, max_attempts=2, timeout=0.5)
+def batch_boom(batch: list[BatchCall]) -> None:
+    """A batch handler that raises (or, with ``sleep``, overruns its timeout) for the
+    whole batch."""
+    time.sleep(max(c.kwargs.get("sleep", 0) for c in batch))
+    raise ValueError(f"a batch of {len(batch)} failed")

@@ -576,3 +576,19 @@ def test_run_tasks_runs_the_tasks_of_a_sequence_one_after_another(mode: str) -> 
     assert [i for i in result.ids if i in a] == a
     assert sorted(result.ids) == sorted([*a, b])
     assert not Task.objects.exclude(state="succeeded").exists()
+
+
+@BOTH
+def test_run_tasks_runs_a_batch_handlers_calls_as_batches_of_one(
+    mode: str, tmp_path, monkeypatch
+) -> None:
+    from tests import ledger
+    from tests.tenant_tasks import batch_send
+
+    monkeypatch.setenv(ledger.LEDGER_ENV, str(tmp_path / "ledger.jsonl"))
+    ids = batch_send.enqueue_many([(1,), (2,)])
+
+    result = run_tasks()
+
+    assert sorted(result.ids) == ids
+    assert [run.result for run in sorted(result.runs, key=lambda r: r.id)] == [2, 4]

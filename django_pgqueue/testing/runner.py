@@ -47,7 +47,7 @@ from django_pgqueue.signals import task_settled
 from django_pgqueue.sql import QUERIES
 from django_pgqueue.worker.claimed import ClaimedTask, claimed_rows
 from django_pgqueue.worker.claimer import STAGE_BATCH, route_params, stage_params
-from django_pgqueue.worker.execution import execute, execute_async
+from django_pgqueue.worker.execution import execute, execute_async, execute_batch
 from django_pgqueue.worker.outcomes import FAILURE, TIMEOUT, Outcome
 from django_pgqueue.worker.settler import _row_json, _storable
 
@@ -302,6 +302,8 @@ def _run(connection: BaseDatabaseWrapper, alias: str, task: ClaimedTask) -> Task
         # handler's sync_to_async calls (the ORM's a* methods too) back to this thread:
         # they use this connection, inside the test's transaction.
         outcome = async_to_sync(execute_async)(task, alias, recycle_connections=False)
+    elif _is_batch(task):  # a batch handler: a batch of this one call
+        (outcome,) = execute_batch([task], alias, recycle_connections=False)
     else:
         outcome = execute(task, alias, None, recycle_connections=False, renewed_lease=False)
     hooks = []
@@ -342,6 +344,13 @@ def _run(connection: BaseDatabaseWrapper, alias: str, task: ClaimedTask) -> Task
         error={k: v for k, v in error.items() if k != "traceback"} if error else None,
         exception=outcome.exc,
     )
+
+
+def _is_batch(task: ClaimedTask) -> bool:
+    try:
+        return registry.get(task.task_name, task.handler_version).batch_size is not None
+    except TaskNotRegistered:
+        return False  # execute reports it
 
 
 def _is_async(task: ClaimedTask) -> bool:

@@ -93,6 +93,9 @@ class ClaimedTask:
     # Set by the slot that takes the task, when the claimer waits for that (see
     # Claimer._hand_over): an idle worker's claimer lets the slot start first.
     picked_up: threading.Event | None = None
+    # A batch handler's batch (worker/batcher.py), on its first task, which carries it
+    # through a slot: every task of the batch, this one first. None: a task of its own.
+    batch: list[ClaimedTask] | None = None
 
     @functools.cached_property
     def lease(self) -> Lease:

@@ -198,6 +198,8 @@ class Claimer:
         self._thread = threading.Thread(target=self._run, name="pgqueue-claimer", daemon=True)
         # Set while parked with nothing claimable (burst mode exits on it).
         self.idle = threading.Event()
+        # Called when a notification (or a poll) ends a park: the batcher claims then.
+        self.on_wake: Callable[[], None] | None = None
 
     def start(self) -> None:
         self._thread.start()
@@ -293,6 +295,8 @@ class Claimer:
                 self.listener.wait(listening._conn if listening else None, timeout)
             except psycopg.Error:
                 listening.close()  # reconnected (and LISTENing again) before parking
+            if self.on_wake is not None:
+                self.on_wake()
             self._ask_every_lane()  # after a wake-up or a poll
 
     def _prepare_park(self) -> float | None:

@@ -55,10 +55,10 @@ class SlotPool:
     def __init__(
         self,
         size: int,
-        execute: Callable[[ClaimedTask], Outcome],
+        execute: Callable[[ClaimedTask], Outcome | list[Outcome]],
         *,
         prefetch: int | None = 0,
-        on_outcome: Callable[[Outcome], None],
+        on_outcome: Callable[[Outcome | list[Outcome]], None],
         stats: WorkerStats,
         timeout_grace: float,
         write_off_limit: int,
@@ -238,7 +238,7 @@ class SlotPool:
             self._on_outcome(outcome)
             self._freed()
 
-    def _late_return(self, task: ClaimedTask, outcome: Outcome) -> None:
+    def _late_return(self, task: ClaimedTask, outcome: Outcome | list[Outcome]) -> None:
         """A written-off handler returned: settle its attempt as the timeout it was."""
         ran = time.monotonic() - task.started_monotonic
         logger.warning(
@@ -247,13 +247,13 @@ class SlotPool:
             "the task's lease is given up",
             task.log_prefix(),
             ran,
-            outcome.label,
+            outcome.label if isinstance(outcome, Outcome) else "batch's",
             extra=task_fields(task, outcome=TIMEOUT, duration=round(ran, 6)),
         )
         self._stats.incr("late_return")
-        self._on_outcome(
-            timed_out(task, self._overran(task, f"its handler returned {ran:.1f}s after its start"))
-        )
+        message = self._overran(task, f"its handler returned {ran:.1f}s after its start")
+        for each in task.batch or [task]:  # a batch's every call (worker/batcher.py)
+            self._on_outcome(timed_out(each, message))
 
     def _overran(self, task: ClaimedTask, then: str) -> str:
         return (
