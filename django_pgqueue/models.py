@@ -103,7 +103,7 @@ class Task(models.Model):
     fair_tag = models.FloatField(null=True, blank=True)
     # Ordered work per key (docs/tenants.md): the tasks of one (queue, sequence_key) run
     # one at a time, in id order; the others wait their turn ('waiting', wait_reason
-    # 'sequence'), and the pgqueue_sequence_* triggers (migration 0015) start the next
+    # 'sequence'), and the pgqueue_sequence_* triggers (migration 0017) start the next
     # when one ends. sequence_hold: a failure of this task holds its sequence
     # (on_failure="hold"); on a failed row, that it holds it until released.
     sequence_key = models.CharField(max_length=255, null=True, blank=True)

@@ -236,6 +236,22 @@ def test_two_fair_tasks_are_flows_of_their_own_beside_plain_tasks(pg):
     }  # fmt: skip
 
 
+def test_tasks_of_a_fair_task_enqueued_without_a_key_run_when_the_keyed_leave_room(pg):
+    # Given tasks of a fair task enqueued by a release that did not know it as fair
+    fair_job.enqueue_many([("a", n) for n in range(4)])
+    old = [fair_job.enqueue("a", 10 + n) for n in range(3)]
+    Task.objects.filter(id__in=old).update(fair_key=None, fair_tag=None)
+
+    # When claims take 3, then 10
+    first = fair_claim(pg, 3)
+    second = fair_claim(pg, 10)
+
+    # Then the keyed ones fill the first, and the rest takes the ones without a key
+    assert keys_of(first) == {"customer:a": 3}
+    assert sorted(t.id for t in second if t.id in old) == old
+    assert len(second) == 4
+
+
 def test_the_fair_claim_takes_what_the_full_claim_takes(pg):
     """claim_fair is claim reduced for a lane with fair routes and no limits or
     starvation escape: on the same table both take the same rows in the same order."""
@@ -244,6 +260,8 @@ def test_the_fair_claim_takes_what_the_full_claim_takes(pg):
     fair_job.enqueue_many([("c", n) for n in range(9)])
     fair_other.enqueue_many([("a", n) for n in range(5)])
     tasks.noop.enqueue_many(range(12))
+    keyless = fair_job.enqueue_many([("d", n) for n in range(4)])
+    Task.objects.filter(id__in=keyless).update(fair_key=None, fair_tag=None)
     routes = [FAIR_JOB, (fair_other.name, 1), (tasks.noop.name, 1)]
 
     def take(statement: str, limit: int, batch_bytes: int | None) -> list[int]:

@@ -140,7 +140,7 @@ INSERT INTO pgqueue_task (
 -- conflicts), with its keys.
 -- A sequenced call (a sequence_key) is inserted waiting its turn ('waiting',
 -- wait_reason 'sequence'); the pgqueue_sequence_join trigger starts it at the commit
--- if its sequence has no head (migration 0015), and sends the wake-up then.
+-- if its sequence has no head (migration 0017), and sends the wake-up then.
 -- A fair call (a fair_key) gets, when it is due now, its place in its key's flow:
 -- fair_tag, the virtual start time the claim orders it by within its priority.
 -- * The place is one step (1 / weight) after the last pending task of its flow (its
@@ -520,7 +520,10 @@ SELECT nextval('pgqueue_task_id_seq');
 --   line: for a fair route, how far its virtual start time lies behind its route's first
 --   one here (so routes take turns), for the other routes, which together are one line,
 --   their rank by run_at. With no fair route, pos follows run_at, and the order is the
---   plain one.
+--   plain one. The rows of a fair route without a key (enqueued by a release that did
+--   not know the task as fair) are not in pgqueue_task_fair: the plain walk of the route
+--   takes them, with them in its line, for the places its fair walk (fair_walk) left in
+--   the batch; when the fair walk fills it, that walk does not start (LIMIT 0).
 WITH routes AS (
     SELECT r.*
       FROM unnest(%(route_queues)s::text[], %(route_names)s::text[],
@@ -616,36 +619,9 @@ escaped AS MATERIALIZED (
      LIMIT %(limit)s
        FOR NO KEY UPDATE OF t SKIP LOCKED
 ),
-candidates AS MATERIALIZED (
-    SELECT c.id, c.priority, c.run_at, r.queue, c.concurrency_key, r.key_limit, c.bytes,
-           r.key_rate_interval, r.key_rate_burst,
-           row_number() OVER (PARTITION BY c.priority ORDER BY c.run_at, c.id) - 1 AS pos
-      FROM routes AS r
-      LEFT JOIN room AS rm ON rm.queue = r.queue
-     CROSS JOIN LATERAL (
-               SELECT t.id, t.priority, t.run_at, t.concurrency_key,
-                      pg_column_size(t.args) + pg_column_size(t.kwargs)
-                      + pg_column_size(t.metadata) + pg_column_size(t.signals)
-                      + COALESCE(pg_column_size(t.checkpoint), 0)
-                      + COALESCE(pg_column_size(t.wake), 0) AS bytes
-                 FROM pgqueue_task AS t
-                WHERE t.state = 'pending'
-                  AND t.queue = r.queue AND t.task_name = r.task_name
-                  AND t.handler_version = r.version
-                  AND t.id NOT IN (SELECT id FROM escaped)
-                  AND (r.key_limit IS NULL OR t.concurrency_key IS NULL OR NOT EXISTS (
-                          SELECT 1
-                            FROM busy_keys AS b
-                           WHERE b.queue = t.queue AND b.key = t.concurrency_key
-                             AND b.running >= r.key_limit))
-                ORDER BY t.priority DESC, t.run_at, t.id
-                LIMIT LEAST(%(limit)s - (SELECT count(*) FROM escaped), rm.room)
-                  FOR NO KEY UPDATE OF t SKIP LOCKED
-           ) AS c
-     WHERE NOT r.fair
-    UNION ALL
-    SELECT c.id, c.priority, c.run_at, r.queue, c.concurrency_key, r.key_limit, c.bytes,
-           r.key_rate_interval, r.key_rate_burst,
+fair_walk AS MATERIALIZED (
+    SELECT c.id, c.priority, c.run_at, r.queue, r.task_name, r.version, c.concurrency_key,
+           r.key_limit, c.bytes, r.key_rate_interval, r.key_rate_burst,
            COALESCE(c.fair_tag - min(c.fair_tag) OVER (PARTITION BY r.queue, r.task_name,
                                                                     r.version, c.priority),
                     0) AS pos
@@ -672,6 +648,44 @@ candidates AS MATERIALIZED (
                   FOR NO KEY UPDATE OF t SKIP LOCKED
            ) AS c
      WHERE r.fair
+),
+candidates AS MATERIALIZED (
+    SELECT c.id, c.priority, c.run_at, r.queue, c.concurrency_key, r.key_limit, c.bytes,
+           r.key_rate_interval, r.key_rate_burst,
+           row_number() OVER (PARTITION BY c.priority ORDER BY c.run_at, c.id) - 1 AS pos
+      FROM routes AS r
+      LEFT JOIN room AS rm ON rm.queue = r.queue
+     CROSS JOIN LATERAL (
+               SELECT t.id, t.priority, t.run_at, t.concurrency_key,
+                      pg_column_size(t.args) + pg_column_size(t.kwargs)
+                      + pg_column_size(t.metadata) + pg_column_size(t.signals)
+                      + COALESCE(pg_column_size(t.checkpoint), 0)
+                      + COALESCE(pg_column_size(t.wake), 0) AS bytes
+                 FROM pgqueue_task AS t
+                WHERE t.state = 'pending'
+                  AND t.queue = r.queue AND t.task_name = r.task_name
+                  AND t.handler_version = r.version
+                  AND (NOT r.fair OR t.fair_key IS NULL)
+                  AND t.id NOT IN (SELECT id FROM escaped)
+                  AND (r.key_limit IS NULL OR t.concurrency_key IS NULL OR NOT EXISTS (
+                          SELECT 1
+                            FROM busy_keys AS b
+                           WHERE b.queue = t.queue AND b.key = t.concurrency_key
+                             AND b.running >= r.key_limit))
+                ORDER BY t.priority DESC, t.run_at, t.id
+                LIMIT LEAST(%(limit)s - (SELECT count(*) FROM escaped)
+                            - CASE WHEN r.fair THEN (
+                                  SELECT count(*)
+                                    FROM fair_walk AS f
+                                   WHERE f.queue = r.queue AND f.task_name = r.task_name
+                                     AND f.version = r.version) ELSE 0 END,
+                            rm.room)
+                  FOR NO KEY UPDATE OF t SKIP LOCKED
+           ) AS c
+    UNION ALL
+    SELECT id, priority, run_at, queue, concurrency_key, key_limit, bytes, key_rate_interval,
+           key_rate_burst, pos
+      FROM fair_walk
 ),
 keyed AS MATERIALIZED (
     SELECT c.*,
@@ -897,10 +911,11 @@ RETURNING t.id, t.task_name, t.handler_version, t.queue, t.priority, t.args, t.k
 -- name: claim_fair
 -- The claim of a worker lane with fair tasks (docs/tenants.md) and no limits, and no
 -- starvation escape looked for in this call: claim_plain, with the routes of fair tasks
--- (route_fair) walked through pgqueue_task_fair (by priority, then fair_tag: an
--- index-ordered top-N per route, whatever the number of keys) and every row ordered by
--- priority, then its place in line (pos), as in claim, whose header explains it: for
--- those parameters claim reduces to this statement. The UPDATE and its RETURNING are
+-- (route_fair) walked through pgqueue_task_fair (fair_walk: by priority, then fair_tag:
+-- an index-ordered top-N per route, whatever the number of keys) and every row ordered
+-- by priority, then its place in line (pos), as in claim, whose header explains it
+-- (and the rows of a fair route without a key): for those parameters claim reduces to
+-- this statement. The UPDATE and its RETURNING are
 -- claim_plain's (tests/test_claim.py keeps them identical, and checks that claim and
 -- this statement take the same rows).
 WITH routes AS (
@@ -914,27 +929,8 @@ WITH routes AS (
                 WHERE p.name = r.queue
                   AND (p.paused OR p.paused_tasks ? r.task_name))
 ),
-candidates AS MATERIALIZED (
-    SELECT c.id, c.priority, c.run_at, c.bytes,
-           row_number() OVER (PARTITION BY c.priority ORDER BY c.run_at, c.id) - 1 AS pos
-      FROM routes AS r
-     CROSS JOIN LATERAL (
-               SELECT t.id, t.priority, t.run_at,
-                      pg_column_size(t.args) + pg_column_size(t.kwargs)
-                      + pg_column_size(t.metadata) + pg_column_size(t.signals)
-                      + COALESCE(pg_column_size(t.checkpoint), 0)
-                      + COALESCE(pg_column_size(t.wake), 0) AS bytes
-                 FROM pgqueue_task AS t
-                WHERE t.state = 'pending'
-                  AND t.queue = r.queue AND t.task_name = r.task_name
-                  AND t.handler_version = r.version
-                ORDER BY t.priority DESC, t.run_at, t.id
-                LIMIT %(limit)s
-                  FOR NO KEY UPDATE OF t SKIP LOCKED
-           ) AS c
-     WHERE NOT r.fair
-    UNION ALL
-    SELECT c.id, c.priority, c.run_at, c.bytes,
+fair_walk AS MATERIALIZED (
+    SELECT r.queue, r.task_name, r.version, c.id, c.priority, c.run_at, c.bytes,
            COALESCE(c.fair_tag - min(c.fair_tag) OVER (PARTITION BY r.queue, r.task_name,
                                                                     r.version, c.priority),
                     0) AS pos
@@ -954,6 +950,32 @@ candidates AS MATERIALIZED (
                   FOR NO KEY UPDATE OF t SKIP LOCKED
            ) AS c
      WHERE r.fair
+),
+candidates AS MATERIALIZED (
+    SELECT c.id, c.priority, c.run_at, c.bytes,
+           row_number() OVER (PARTITION BY c.priority ORDER BY c.run_at, c.id) - 1 AS pos
+      FROM routes AS r
+     CROSS JOIN LATERAL (
+               SELECT t.id, t.priority, t.run_at,
+                      pg_column_size(t.args) + pg_column_size(t.kwargs)
+                      + pg_column_size(t.metadata) + pg_column_size(t.signals)
+                      + COALESCE(pg_column_size(t.checkpoint), 0)
+                      + COALESCE(pg_column_size(t.wake), 0) AS bytes
+                 FROM pgqueue_task AS t
+                WHERE t.state = 'pending'
+                  AND t.queue = r.queue AND t.task_name = r.task_name
+                  AND t.handler_version = r.version
+                  AND (NOT r.fair OR t.fair_key IS NULL)
+                ORDER BY t.priority DESC, t.run_at, t.id
+                LIMIT %(limit)s - CASE WHEN r.fair THEN (
+                          SELECT count(*)
+                            FROM fair_walk AS f
+                           WHERE f.queue = r.queue AND f.task_name = r.task_name
+                             AND f.version = r.version) ELSE 0 END
+                  FOR NO KEY UPDATE OF t SKIP LOCKED
+           ) AS c
+    UNION ALL
+    SELECT id, priority, run_at, bytes, pos FROM fair_walk
 ),
 picked AS MATERIALIZED (
     SELECT a.id,
@@ -984,8 +1006,11 @@ UPDATE pgqueue_task AS t
                         THEN t.worker_id ELSE %(worker_id)s END,
        finished_at = CASE WHEN t.started_at IS NULL AND t.expires_at <= statement_timestamp()
                           THEN now() ELSE t.finished_at END,
+       errors_dropped = t.errors_dropped
+                        + CASE WHEN t.started_at IS NULL AND t.expires_at <= statement_timestamp()
+                               THEN GREATEST(jsonb_array_length(t.errors) - 99, 0) ELSE 0 END,
        errors = CASE WHEN t.started_at IS NULL AND t.expires_at <= statement_timestamp()
-                     THEN t.errors || jsonb_build_array(jsonb_build_object(
+                     THEN jsonb_path_query_array(t.errors, '$[last - 98 to last]') || jsonb_build_array(jsonb_build_object(
                          'attempt', t.attempt,
                          'type', 'Expired',
                          'message', 'expired at '
@@ -1507,7 +1532,7 @@ SELECT e.queue, e.key, COALESCE(d.pending, 0) AS pending, COALESCE(r.running, 0)
 -- name: release_sequence
 -- An operator releases a held sequence (docs/tenants.md): its failed task that holds it
 -- stops holding it (sequence_hold), and its next waiting task starts
--- (pgqueue_sequence_start_next, migration 0015: in id order, pending with a wake-up),
+-- (pgqueue_sequence_start_next, migration 0017: in id order, pending with a wake-up),
 -- in this one transaction. The sequence's advisory lock first (class 1885827336, as
 -- the pgqueue_sequence_join trigger takes it at an enqueue's commit): the two take
 -- turns. The failed task stays a dead letter (retry it instead to run it again, at the
