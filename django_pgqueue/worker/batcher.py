@@ -187,7 +187,9 @@ class Batcher:
         tasks, batch.tasks = batch.tasks, []
         carrier = tasks[0]
         carrier.batch = tasks
-        self.slots.submit([carrier])
+        # overflow: the claimer may have taken the free slot since it was counted; the
+        # batch then waits for the next one in the slots' queue (it is in flight).
+        self.slots.submit([carrier], overflow=True)
         self.stats.incr("batches")
         self.stats.incr("claimed", len(tasks))
 
