@@ -25,7 +25,7 @@ class Migration(migrations.Migration):
     atomic = False
 
     dependencies = [
-        ("django_pgqueue", "0015_worker_version"),
+        ("django_pgqueue", "0016_decrypt_permission"),
     ]
 
     operations = [

@@ -188,7 +188,7 @@ class Migration(migrations.Migration):
     atomic = False
 
     dependencies = [
-        ("django_pgqueue", "0016_fair_share"),
+        ("django_pgqueue", "0017_fair_share"),
     ]
 
     operations = [
@@ -220,7 +220,7 @@ class Migration(migrations.Migration):
         migrations.RunSQL(START_NEXT + ENDED + JOIN, DROP_FUNCTIONS),
         migrations.RunSQL(TRIGGERS, DROP_TRIGGERS),
         refuse_back(
-            "0017_sequences",
+            "0018_sequences",
             "SELECT count(*) FROM pgqueue_task "
             "WHERE state = 'waiting' AND wait_reason = 'sequence'",
             lambda count: (
