@@ -12,7 +12,9 @@ import json
 import signal
 
 import pytest
+from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
+from django.test import override_settings
 
 from django_pgqueue import BatchCall, task
 from django_pgqueue.models import Task
@@ -81,6 +83,21 @@ def test_each_call_of_a_batch_gets_its_own_outcome(pg, tmp_path, monkeypatch):
     assert rows[ok].result == 2
     assert rows[failing].errors[-1]["message"].endswith("failing on attempt 1")
     assert rows[broken].errors[-1]["type"] == "InvalidTaskError"
+
+
+def test_an_encrypted_batch_call_reaches_the_handler_in_clear_and_its_result_sealed(
+    pg, tmp_path, monkeypatch
+):
+    monkeypatch.setenv(ledger.LEDGER_ENV, str(tmp_path / "ledger.jsonl"))
+    with override_settings(PGQUEUE={**settings.PGQUEUE, "ENCRYPT_ALL": True}):
+        sealed = batch_send.enqueue(21)
+        claimed = claim(pg, 10, routes=[SEND])
+        written = settle(pg, outcome_rows(execute_batch(claimed, "default")))
+
+    assert written == {sealed: "succeeded"}
+    row = Task.objects.get(id=sealed)
+    assert row.cleartext("result") == 42
+    assert "42" not in json.dumps(row.result)
 
 
 def test_a_handler_that_raises_fails_every_call_by_its_own_policy(pg):

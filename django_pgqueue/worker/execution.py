@@ -362,6 +362,12 @@ def execute_batch(
         done: list[Outcome] = []
         calls: list[tuple[ClaimedTask, BatchCall]] = []
         for task in tasks:
+            if type(task.args) is dict:  # an encrypted row, as in _prepare
+                try:
+                    task.open_payloads()
+                except EncryptionError as exc:
+                    done.append(outcomes.undecryptable(task, str(exc)))
+                    continue
             problem = check_stored_call(task.args, task.kwargs)
             if problem is not None:
                 done.append(outcomes.unrunnable(task, "InvalidTaskError", problem))
