@@ -589,6 +589,11 @@ class TaskDefinition(Generic[P, R]):
             validate_on_conflict(options["on_conflict"])
         if "atomic" in options:
             validate_atomic(options["atomic"], self.func)
+            if options["atomic"] and self.batch_size is not None:
+                raise InvalidTaskError(
+                    f"{self.name} is a batch handler (batch_size), which does not run "
+                    "atomically: its calls' leases are settled one by one"
+                )
         if "after_failure" in options and options["after_failure"] not in AFTER_FAILURE:
             raise InvalidTaskError(
                 f"after_failure must be one of {', '.join(map(repr, AFTER_FAILURE))}, "
@@ -907,7 +912,7 @@ def task(
                 f"@task on {_origin(fn)}: a sequenced task cannot replace a queued call "
                 "(on_conflict='replace' would move it within its sequence)"
             )
-        _check_batch(fn, batch_size, batch_wait, takes_context, fair_key, sequence_key)
+        _check_batch(fn, batch_size, batch_wait, takes_context, fair_key, sequence_key, atomic)
         rate = None
         if key_rate is not None:
             from django_pgqueue.limits import parse_rate
@@ -985,6 +990,7 @@ def _check_batch(
     takes_context: bool,
     fair_key: Any,
     sequence_key: Any,
+    atomic: Any = False,
 ) -> None:
     """A batch handler's options (docs/tenants.md), or ImproperlyConfigured."""
     where = f"@task on {_origin(fn)}"
@@ -1011,6 +1017,7 @@ def _check_batch(
         ("async def", inspect.iscoroutinefunction(fn)),
         ("fair_key", fair_key is not None),
         ("sequence_key", sequence_key is not None),
+        ("atomic=True", atomic is True),
     ]
     for name, given in refused:
         if given:

@@ -16,7 +16,7 @@ from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 from django.test import override_settings
 
-from django_pgqueue import BatchCall, task
+from django_pgqueue import BatchCall, InvalidTaskError, task
 from django_pgqueue.models import Task
 from django_pgqueue.registry import registry
 from django_pgqueue.sql import QUERIES
@@ -50,6 +50,7 @@ def outcome_rows(outcomes) -> list[dict]:
         ({"batch_size": 5, "takes_context": True}, "cannot have takes_context=True"),
         ({"batch_size": 5, "fair_key": lambda n: "k"}, "cannot have fair_key"),
         ({"batch_size": 5, "sequence_key": lambda n: "k"}, "cannot have sequence_key"),
+        ({"batch_size": 5, "atomic": True}, "cannot have atomic=True"),
     ],
 )
 def test_a_batch_handler_with_bad_options_is_refused_at_declaration(options, message):
@@ -61,6 +62,11 @@ def test_a_batch_handler_with_bad_options_is_refused_at_declaration(options, mes
     with pytest.raises(ImproperlyConfigured, match="cannot have async def"):
         task(name="tests.batch_bad", batch_size=5)(handler)
     assert "tests.batch_bad" not in registry
+
+
+def test_a_batch_handler_is_not_made_atomic_by_a_call():
+    with pytest.raises(InvalidTaskError, match=r"is a batch handler .* does not run atomically"):
+        batch_send.using(atomic=True)
 
 
 # -- one batch, in this process ----------------------------------------------------------
