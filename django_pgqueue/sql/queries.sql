@@ -455,7 +455,11 @@ SELECT nextval('pgqueue_task_id_seq');
 --   (id, attempt, token) still names each claim uniquely.
 -- * The statement commits, durably, before any handler runs (a claim lost in a server
 --   crash would put the row back to pending while its handler runs); it returns the
---   database's now() so the handler's deadline is derived from the database's clock.
+--   database's clock so the handler's deadline is derived from it. The row's times
+--   (started_at, the lease, claimed_at) are the statement's (statement_timestamp()), not
+--   the transaction's now(): a limited claim runs in a transaction that may have waited
+--   for its queues' lock, and a task it takes may have become due (a parent's settle
+--   committed) after that transaction began.
 -- * Columns are returned by name: the worker reads them into ClaimedTask by name.
 -- * Paused queues and paused task names (pgqueue_queue, by primary key) drop out of
 --   routes: a pause is honoured by the next claim of every worker.
@@ -765,16 +769,16 @@ UPDATE pgqueue_task AS t
                           THEN NULL ELSE %(token)s::uuid END,
        lease_expires_at = CASE WHEN t.started_at IS NULL
                                     AND t.expires_at <= statement_timestamp() THEN NULL
-                               ELSE now() + make_interval(secs => %(lease_seconds)s) END,
+                               ELSE statement_timestamp() + make_interval(secs => %(lease_seconds)s) END,
        started_at = CASE WHEN t.started_at IS NULL AND t.expires_at <= statement_timestamp()
-                         THEN NULL ELSE COALESCE(t.started_at, now()) END,
+                         THEN NULL ELSE COALESCE(t.started_at, statement_timestamp()) END,
        last_attempted_at = CASE WHEN t.started_at IS NULL
                                      AND t.expires_at <= statement_timestamp()
-                                THEN t.last_attempted_at ELSE now() END,
+                                THEN t.last_attempted_at ELSE statement_timestamp() END,
        worker_id = CASE WHEN t.started_at IS NULL AND t.expires_at <= statement_timestamp()
                         THEN t.worker_id ELSE %(worker_id)s END,
        finished_at = CASE WHEN t.started_at IS NULL AND t.expires_at <= statement_timestamp()
-                          THEN now() ELSE t.finished_at END,
+                          THEN statement_timestamp() ELSE t.finished_at END,
        errors_dropped = t.errors_dropped
                         + CASE WHEN t.started_at IS NULL AND t.expires_at <= statement_timestamp()
                                THEN GREATEST(jsonb_array_length(t.errors) - 99, 0) ELSE 0 END,
@@ -789,13 +793,13 @@ UPDATE pgqueue_task AS t
                          'traceback', NULL,
                          'outcome', 'expired',
                          'worker_id', %(worker_id)s::text,
-                         'at', now()))
+                         'at', statement_timestamp()))
                      ELSE t.errors END
  WHERE t.id = ANY (ARRAY(SELECT id FROM escaped UNION ALL SELECT id FROM picked WHERE fits))
 RETURNING t.id, t.task_name, t.handler_version, t.queue, t.priority, t.args, t.kwargs,
           t.attempt, t.max_attempts, t.retry_policy::text AS retry_policy_json,
           EXTRACT(EPOCH FROM t.timeout)::float8 AS timeout, t.lease_token::text AS lease_token,
-          t.lease_expires_at, now() AS claimed_at, t.enqueued_at, t.run_at,
+          t.lease_expires_at, statement_timestamp() AS claimed_at, t.enqueued_at, t.run_at,
           t.checkpoint::text AS checkpoint_json, t.cancel_requested, t.cancel_hard,
           t.metadata::text AS metadata_json,
           NULLIF(t.signals, '{}')::text AS signals_json, t.wake::text AS wake_json,
@@ -869,16 +873,16 @@ UPDATE pgqueue_task AS t
                           THEN NULL ELSE %(token)s::uuid END,
        lease_expires_at = CASE WHEN t.started_at IS NULL
                                     AND t.expires_at <= statement_timestamp() THEN NULL
-                               ELSE now() + make_interval(secs => %(lease_seconds)s) END,
+                               ELSE statement_timestamp() + make_interval(secs => %(lease_seconds)s) END,
        started_at = CASE WHEN t.started_at IS NULL AND t.expires_at <= statement_timestamp()
-                         THEN NULL ELSE COALESCE(t.started_at, now()) END,
+                         THEN NULL ELSE COALESCE(t.started_at, statement_timestamp()) END,
        last_attempted_at = CASE WHEN t.started_at IS NULL
                                      AND t.expires_at <= statement_timestamp()
-                                THEN t.last_attempted_at ELSE now() END,
+                                THEN t.last_attempted_at ELSE statement_timestamp() END,
        worker_id = CASE WHEN t.started_at IS NULL AND t.expires_at <= statement_timestamp()
                         THEN t.worker_id ELSE %(worker_id)s END,
        finished_at = CASE WHEN t.started_at IS NULL AND t.expires_at <= statement_timestamp()
-                          THEN now() ELSE t.finished_at END,
+                          THEN statement_timestamp() ELSE t.finished_at END,
        errors_dropped = t.errors_dropped
                         + CASE WHEN t.started_at IS NULL AND t.expires_at <= statement_timestamp()
                                THEN GREATEST(jsonb_array_length(t.errors) - 99, 0) ELSE 0 END,
@@ -893,13 +897,13 @@ UPDATE pgqueue_task AS t
                          'traceback', NULL,
                          'outcome', 'expired',
                          'worker_id', %(worker_id)s::text,
-                         'at', now()))
+                         'at', statement_timestamp()))
                      ELSE t.errors END
  WHERE t.id = ANY (ARRAY(SELECT id FROM picked WHERE fits))
 RETURNING t.id, t.task_name, t.handler_version, t.queue, t.priority, t.args, t.kwargs,
           t.attempt, t.max_attempts, t.retry_policy::text AS retry_policy_json,
           EXTRACT(EPOCH FROM t.timeout)::float8 AS timeout, t.lease_token::text AS lease_token,
-          t.lease_expires_at, now() AS claimed_at, t.enqueued_at, t.run_at,
+          t.lease_expires_at, statement_timestamp() AS claimed_at, t.enqueued_at, t.run_at,
           t.checkpoint::text AS checkpoint_json, t.cancel_requested, t.cancel_hard,
           t.metadata::text AS metadata_json,
           NULLIF(t.signals, '{}')::text AS signals_json, t.wake::text AS wake_json,
@@ -996,16 +1000,16 @@ UPDATE pgqueue_task AS t
                           THEN NULL ELSE %(token)s::uuid END,
        lease_expires_at = CASE WHEN t.started_at IS NULL
                                     AND t.expires_at <= statement_timestamp() THEN NULL
-                               ELSE now() + make_interval(secs => %(lease_seconds)s) END,
+                               ELSE statement_timestamp() + make_interval(secs => %(lease_seconds)s) END,
        started_at = CASE WHEN t.started_at IS NULL AND t.expires_at <= statement_timestamp()
-                         THEN NULL ELSE COALESCE(t.started_at, now()) END,
+                         THEN NULL ELSE COALESCE(t.started_at, statement_timestamp()) END,
        last_attempted_at = CASE WHEN t.started_at IS NULL
                                      AND t.expires_at <= statement_timestamp()
-                                THEN t.last_attempted_at ELSE now() END,
+                                THEN t.last_attempted_at ELSE statement_timestamp() END,
        worker_id = CASE WHEN t.started_at IS NULL AND t.expires_at <= statement_timestamp()
                         THEN t.worker_id ELSE %(worker_id)s END,
        finished_at = CASE WHEN t.started_at IS NULL AND t.expires_at <= statement_timestamp()
-                          THEN now() ELSE t.finished_at END,
+                          THEN statement_timestamp() ELSE t.finished_at END,
        errors_dropped = t.errors_dropped
                         + CASE WHEN t.started_at IS NULL AND t.expires_at <= statement_timestamp()
                                THEN GREATEST(jsonb_array_length(t.errors) - 99, 0) ELSE 0 END,
@@ -1020,13 +1024,13 @@ UPDATE pgqueue_task AS t
                          'traceback', NULL,
                          'outcome', 'expired',
                          'worker_id', %(worker_id)s::text,
-                         'at', now()))
+                         'at', statement_timestamp()))
                      ELSE t.errors END
  WHERE t.id = ANY (ARRAY(SELECT id FROM picked WHERE fits))
 RETURNING t.id, t.task_name, t.handler_version, t.queue, t.priority, t.args, t.kwargs,
           t.attempt, t.max_attempts, t.retry_policy::text AS retry_policy_json,
           EXTRACT(EPOCH FROM t.timeout)::float8 AS timeout, t.lease_token::text AS lease_token,
-          t.lease_expires_at, now() AS claimed_at, t.enqueued_at, t.run_at,
+          t.lease_expires_at, statement_timestamp() AS claimed_at, t.enqueued_at, t.run_at,
           t.checkpoint::text AS checkpoint_json, t.cancel_requested, t.cancel_hard,
           t.metadata::text AS metadata_json,
           NULLIF(t.signals, '{}')::text AS signals_json, t.wake::text AS wake_json,
