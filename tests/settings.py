@@ -195,3 +195,11 @@ if os.environ.get("PGQUEUE_TEST_SOAK"):
     PGQUEUE["QUEUE_LIMITS"] = {"soak_limited": {"concurrency": 2}, "soak_rated": {"rate": "10/s"}}
     PGQUEUE["RESULT_TTL"] = PGQUEUE["DEAD_TTL"] = float(os.environ["PGQUEUE_TEST_SOAK"])
     PGQUEUE["PRUNE_INTERVAL"] = 2.0
+# tools/mutate_sql.py: a file of named statements (a mutant's) that replace the
+# package's, in the test process and in every worker subprocess it starts.
+if os.environ.get("PGQUEUE_TEST_QUERIES"):
+    from pathlib import Path
+
+    from django_pgqueue import sql
+
+    sql.QUERIES.update(sql._load(Path(os.environ["PGQUEUE_TEST_QUERIES"])))
