@@ -21,6 +21,9 @@ import pytest
 from django.db import connections
 
 REPO = Path(__file__).resolve().parent.parent
+# The environment of a worker whose claims are claim_plain (tests/settings.py leaves
+# out the tasks limited by key, whose routes take the full claim).
+PLAIN_CLAIM_ENV = {"PGQUEUE_TEST_PLAIN_CLAIM": "1"}
 ARTIFACTS = REPO / "test-artifacts"
 
 

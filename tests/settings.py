@@ -86,6 +86,11 @@ PGQUEUE = {
         "limited_rated": {"concurrency": 2, "rate": "20/s"},
     },
 }
+# tests/conftest.py, PLAIN_CLAIM_ENV: a worker without the ledger's tasks limited by key
+# (key_concurrency, key_rate), so that its claims are claim_plain (the full claim, once
+# per starvation window).
+if os.environ.get("PGQUEUE_TEST_PLAIN_CLAIM"):
+    PGQUEUE["TASK_MODULES"].remove("tests.ledger_tasks")
 # tests/test_pgbouncer.py: workers behind a transaction pooler, with a direct address for
 # LISTEN (or without one, polling).
 if os.environ.get("PGQUEUE_TEST_TRANSACTION_POOLER"):

@@ -202,6 +202,45 @@ def test_claimed_rows_make_the_task_class_row_would(pg):
             claimed_rows(cursor)((1,))
 
 
+def claim_with(pg, statement: str, limit: int = 10) -> list[int]:
+    """One claim by ``statement`` (claim or claim_plain) of the queue "default", with the
+    parameters of a lane without limits, for which both apply."""
+    params = {
+        **route_params(["default"], all_routes(), 3600),
+        "look_for_starving": False,
+        "limit": limit,
+        "token": str(uuid.uuid4()),
+        "lease_seconds": 30,
+        "worker_id": "w1",
+    }
+    return [t.id for t in sql.execute(pg, statement, params, row_factory=claimed_rows)]
+
+
+@pytest.mark.parametrize("statement", ["claim", "claim_plain"])
+def test_a_paused_queue_is_claimed_by_neither_claim_until_resumed(pg, statement):
+    ids = tasks.noop.enqueue_many(range(3))
+    operations.pause("default")
+
+    assert claim_with(pg, statement) == []
+
+    operations.resume("default")
+    assert sorted(claim_with(pg, statement)) == ids
+
+
+@pytest.mark.parametrize("statement", ["claim", "claim_plain"])
+def test_a_paused_task_name_is_claimed_by_neither_claim_the_rest_of_its_queue_is(
+    pg, statement
+):
+    held = tasks.noop.enqueue_many(range(2))
+    other = tasks.record.enqueue("runs")
+    operations.pause("default", tasks.noop.name)
+
+    assert claim_with(pg, statement) == [other]
+
+    operations.resume("default", tasks.noop.name)
+    assert sorted(claim_with(pg, statement)) == held
+
+
 def test_the_plain_claim_takes_what_the_full_claim_takes_for_a_lane_without_limits(pg):
     """claim_plain is claim reduced for a lane without limits, per-key limits or rates,
     and without a starvation escape: on the same table, in the same state, both take

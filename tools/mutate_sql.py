@@ -53,7 +53,6 @@ COVERAGE: dict[str, list[str]] = {
         "tests/test_executions.py",
         "tests/test_retry_rules.py",
         "tests/test_workflows.py",
-        "tests/test_limits.py::test_a_settlement_that_frees_room_wakes_a_parked_worker",
     ],
     "settle_check": [*FENCE_TESTS, "tests/test_executions.py"],
     "heartbeat": FENCE_TESTS,
@@ -341,7 +340,13 @@ def main(argv: list[str] | None = None) -> int:
                         help="only this statement (a name or fnmatch pattern; repeatable)")
     parser.add_argument("--fence", action="store_true",
                         help="only the fence predicates (lease_token, attempt, "
-                             "state = 'running') of the statements that write a claimed row")
+                             "state = 'running') of the statements that write a claimed "
+                             "row, against the fencing tests only")
+    parser.add_argument("--match", default="",
+                        help="only the mutants whose key contains this text")
+    parser.add_argument("--tests", nargs=argparse.REMAINDER,
+                        help="run these pytest arguments instead of the statement's tests "
+                             "(the last option)")
     parser.add_argument("--list", action="store_true",
                         help="list the mutants and the statements not checked; run nothing")
     parser.add_argument("--timeout", type=float, default=600,
@@ -357,12 +362,14 @@ def main(argv: list[str] | None = None) -> int:
         if args.statement and not any(fnmatch.fnmatchcase(name, p) for p in args.statement):
             continue
         for mutant in mutants(name, sql):
+            if args.match not in mutant.key:
+                continue
             if args.fence and not (
                 f"{mutant.statement}/{mutant.context}" in FENCE_CONTEXTS
                 and FENCE_PREDICATE.search(mutant.predicate)
             ):
                 continue
-            selected.append((mutant, tests))
+            selected.append((mutant, args.tests or (FENCE_TESTS if args.fence else tests)))
 
     if args.list:
         for mutant, _tests in selected:
