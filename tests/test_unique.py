@@ -29,7 +29,7 @@ from tests import tasks, unique_tasks
 from tests.conftest import REPO, wait_until
 from tests.ledger import LEDGER_ENV
 from tests.pgcluster import django_env
-from tests.sqlhelpers import claim
+from tests.sqlhelpers import claim, settle
 from tests.test_explain import analyze, buffers, node_types, rows_read
 
 pytestmark = pytest.mark.django_db
@@ -167,6 +167,35 @@ def test_a_live_task_holds_its_key_even_when_enqueued_before_the_period():
 
     assert tasks.noop.using(unique_key="digest:3", unique_for=60).enqueue(2) == first
     assert len(rows("digest:3")) == 1
+
+
+@committed
+@pytest.mark.parametrize("options", [{}, {"unique_for": 60}], ids=["default", "unique_for"])
+def test_a_running_task_holds_its_key(pg, options):
+    first = tasks.noop.using(unique_key="sync:1").enqueue(1)
+    (running,) = claim(pg)
+    assert running.id == first
+    enqueued_ago(first, 3600)  # before unique_for: only a live state holds the key
+
+    assert tasks.noop.using(unique_key="sync:1", **options).enqueue(2) == first
+    assert [(t.id, t.state) for t in rows("sync:1")] == [(first, "running")]
+
+
+@committed
+@pytest.mark.parametrize("options", [{}, {"unique_for": 60}], ids=["default", "unique_for"])
+def test_a_task_waiting_for_a_signal_holds_its_key(pg, options):
+    first = tasks.noop.using(unique_key="sync:2").enqueue(1)
+    (running,) = claim(pg)
+    suspended = {
+        "id": first, "attempt": running.attempt, "token": running.lease_token,
+        "label": "suspended", "state": "waiting", "wait_reason": "signal",
+        "wait_signal": "go", "attempt_refund": True,
+    }
+    assert settle(pg, [suspended]) == {first: "waiting"}
+    enqueued_ago(first, 3600)  # before unique_for: only a live state holds the key
+
+    assert tasks.noop.using(unique_key="sync:2", **options).enqueue(2) == first
+    assert [(t.id, t.state) for t in rows("sync:2")] == [(first, "waiting")]
 
 
 def test_unique_states_counts_only_the_states_named():
