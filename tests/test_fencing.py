@@ -103,6 +103,24 @@ def test_a_claim_made_again_with_the_same_attempt_fences_out_the_first_token(pg,
     assert FENCED[write](pg, second)
 
 
+@pytest.mark.parametrize("stale_first", [True, False], ids=["stale-first", "current-first"])
+def test_one_batch_with_the_first_and_the_second_claims_outcomes_writes_the_second(
+    pg, stale_first
+):
+    """A worker that claimed a task again after a crash forgot its first claim may settle
+    both runs in one batch: the row takes the outcome of the lease it holds."""
+    task_id = tasks.noop.enqueue(1)
+    (first,) = claim(pg, limit=1, worker_id="w-a")
+    forget_claim(pg, task_id)
+    (second,) = claim(pg, limit=1, worker_id="w-a")
+    outcomes = [success(first, result="first"), success(second, result="second")]
+
+    written = settle(pg, outcomes if stale_first else outcomes[::-1])
+
+    assert written == {task_id: "succeeded"}
+    assert row(pg, task_id)["result"] == "second"
+
+
 @pytest.mark.parametrize("write", FENCED)
 def test_a_row_put_back_to_pending_by_hand_takes_nothing_from_the_lease_it_still_shows(
     pg, write
