@@ -99,6 +99,15 @@ def pg(db_url: str) -> Iterator[psycopg.Connection]:
         conn.close()
 
 
+# Claimers parked on the test database: a parked claimer holds the PARKED advisory lock
+# (class 1885827329) of each channel it LISTENs on (queries.sql, "Wake-ups"). Advisory
+# locks are per database; pg_locks shows every database's (other test runs').
+PARKED_MARKS = (
+    "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND classid = 1885827329 "
+    "AND granted AND database = (SELECT oid FROM pg_database WHERE datname = current_database())"
+)
+
+
 def wait_until(
     predicate: Callable[[], object],
     timeout: float = 20.0,
