@@ -169,33 +169,40 @@ def test_a_live_task_holds_its_key_even_when_enqueued_before_the_period():
     assert len(rows("digest:3")) == 1
 
 
+def into_state(pg, task_id: int, state: str) -> None:
+    """Bring the only task of queue "default" that is due, ``task_id``, to ``state`` the
+    way a worker does: its claim, and a suspension's settlement."""
+    if state in ("running", "waiting"):
+        (claimed,) = claim(pg)
+        assert claimed.id == task_id
+    if state == "waiting":
+        suspended = {
+            "id": task_id, "attempt": claimed.attempt, "token": claimed.lease_token,
+            "label": "suspended", "state": "waiting", "wait_reason": "signal",
+            "wait_signal": "go", "attempt_refund": True,
+        }
+        assert settle(pg, [suspended]) == {task_id: "waiting"}
+    assert Task.objects.get(pk=task_id).state == state
+
+
 @committed
 @pytest.mark.parametrize("options", [{}, {"unique_for": 60}], ids=["default", "unique_for"])
-def test_a_running_task_holds_its_key(pg, options):
-    first = tasks.noop.using(unique_key="sync:1").enqueue(1)
-    (running,) = claim(pg)
-    assert running.id == first
-    enqueued_ago(first, 3600)  # before unique_for: only a live state holds the key
+@pytest.mark.parametrize("state", LIVE)
+def test_a_live_task_holds_its_key_in_every_live_state(pg, state, options):
+    # Given the key's earlier task, finished; tasks of another queue, without the key
+    # and with another key; and the key's live task
+    old = tasks.noop.using(unique_key="sync:1").enqueue(0)
+    end(old)
+    tasks.noop.using(queue="other").enqueue(1)
+    tasks.noop.using(queue="other", unique_key="sync:2").enqueue(1)
+    delay = {"delay": 3600} if state == "scheduled" else {}
+    first = tasks.noop.using(unique_key="sync:1", **delay).enqueue(2)
+    into_state(pg, first, state)
+    enqueued_ago(first, 3600)  # before unique_for: only its live state holds the key
 
-    assert tasks.noop.using(unique_key="sync:1", **options).enqueue(2) == first
-    assert [(t.id, t.state) for t in rows("sync:1")] == [(first, "running")]
-
-
-@committed
-@pytest.mark.parametrize("options", [{}, {"unique_for": 60}], ids=["default", "unique_for"])
-def test_a_task_waiting_for_a_signal_holds_its_key(pg, options):
-    first = tasks.noop.using(unique_key="sync:2").enqueue(1)
-    (running,) = claim(pg)
-    suspended = {
-        "id": first, "attempt": running.attempt, "token": running.lease_token,
-        "label": "suspended", "state": "waiting", "wait_reason": "signal",
-        "wait_signal": "go", "attempt_refund": True,
-    }
-    assert settle(pg, [suspended]) == {first: "waiting"}
-    enqueued_ago(first, 3600)  # before unique_for: only a live state holds the key
-
-    assert tasks.noop.using(unique_key="sync:2", **options).enqueue(2) == first
-    assert [(t.id, t.state) for t in rows("sync:2")] == [(first, "waiting")]
+    # When the key is enqueued again, Then the live task comes back
+    assert tasks.noop.using(unique_key="sync:1", **options).enqueue(3) == first
+    assert [(t.id, t.state) for t in rows("sync:1")] == [(old, "succeeded"), (first, state)]
 
 
 def test_unique_states_counts_only_the_states_named():

@@ -396,7 +396,7 @@ def main(argv: list[str] | None = None) -> int:
                 baselines[tuple(tests)] = time.monotonic() - began
             mutated = mutant.apply(statements[mutant.statement])
             queries_file.write_text(f"-- name: {mutant.statement}\n{mutated};\n")
-            timeout = min(args.timeout, 10 * baselines[tuple(tests)] + 60)
+            timeout = min(args.timeout, 3 * baselines[tuple(tests)] + 30)
             began = time.monotonic()
             status, output = run_tests(tests, queries_file, timeout)
             took = time.monotonic() - began
