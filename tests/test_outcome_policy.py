@@ -7,10 +7,12 @@ from __future__ import annotations
 
 import json
 import random
+import traceback
 from datetime import UTC, datetime
 
 import pytest
 
+from django_pgqueue.payload import check_stored_call
 from django_pgqueue.retry import RetryPolicy
 from django_pgqueue.worker import outcomes
 from django_pgqueue.worker.claimed import ClaimedTask
@@ -86,7 +88,7 @@ def test_a_raise_of_a_discard_on_class_fails_at_once_naming_the_rule():
 
     outcome = outcomes.raised(claimed(attempt=1, max_attempts=5, policy=policy), boom())
 
-    assert outcome.state == "failed"
+    assert (outcome.label, outcome.state, outcome.delay) == ("failure", "failed", None)
     assert outcome.error["rule"] == "discard_on"
 
 
@@ -140,8 +142,12 @@ def test_a_timeout_is_not_refused_by_retry_on_but_is_by_discard_on():
     discard = {**POLICY, "discard_on": ["builtins.TimeoutError"]}
 
     assert outcomes.timed_out(claimed(policy=retry_on), "late").state == "pending"
-    discarded = outcomes.timed_out(claimed(policy=discard), "late")
-    assert (discarded.state, discarded.error["rule"]) == ("failed", "discard_on")
+    task = claimed(policy=discard)
+    discarded = outcomes.timed_out(task, "late")
+    assert discarded.task is task
+    assert (discarded.label, discarded.state) == ("timeout", "failed")
+    assert discarded.error["rule"] == "discard_on"
+    assert discarded.error["outcome"] == "timeout"
 
 
 def test_an_abandoned_handler_is_due_no_sooner_than_the_release_delay():
@@ -169,18 +175,26 @@ def test_a_release_of_the_last_attempt_is_a_dead_letter_saying_why():
 
 
 def test_a_lease_lapsed_before_the_start_is_pending_now_or_failed_on_the_last_attempt():
-    again = outcomes.expired_before_start(claimed(attempt=2, max_attempts=3))
+    task = claimed(attempt=2, max_attempts=3)
+    again = outcomes.expired_before_start(task)
     last = outcomes.expired_before_start(claimed(attempt=3, max_attempts=3))
 
+    assert again.task is task
     assert (again.label, again.state, again.delay) == ("lost", "pending", 0)
     assert (last.state, last.delay) == ("failed", None)
     assert again.error["type"] == last.error["type"] == "LeaseExpired"
     assert again.error["outcome"] == "lost"
+    assert again.error["message"] == (
+        "the lease expired while the task waited to start in this worker (the process "
+        "stalled for longer than the lease); it was not run here"
+    )
 
 
 def test_a_payload_that_cannot_run_fails_at_once_with_attempts_left():
-    outcome = outcomes.unrunnable(claimed(attempt=1, max_attempts=5), "BadPayload", "no")
+    task = claimed(attempt=1, max_attempts=5)
+    outcome = outcomes.unrunnable(task, "BadPayload", "no")
 
+    assert outcome.task is task
     assert outcome.state == "failed"
     assert (outcome.error["type"], outcome.error["message"]) == ("BadPayload", "no")
 
@@ -189,7 +203,10 @@ def test_a_payload_that_cannot_run_fails_at_once_with_attempts_left():
 
 
 def test_a_snooze_refunds_the_attempt_and_records_no_error():
-    outcome = outcomes.snoozed(claimed(attempt=3, max_attempts=3), 5.0)
+    task = claimed(attempt=3, max_attempts=3)
+    outcome = outcomes.snoozed(task, 5.0)
+
+    assert outcome.task is task
 
     assert (outcome.label, outcome.state, outcome.delay) == ("snoozed", "pending", 5.0)
     assert outcome.attempt_refund and outcome.error is None
@@ -204,21 +221,37 @@ def test_a_continue_resets_the_attempt_budget_and_saves_the_checkpoint():
 
 
 def test_a_suspension_waits_with_the_attempt_refunded():
-    outcome = outcomes.suspended(claimed(), "signal", "go", 30.0, {"at": 1}, True)
+    task = claimed()
+    outcome = outcomes.suspended(task, "signal", "go", 30.0, {"at": 1}, True)
 
+    assert outcome.task is task
     assert (outcome.label, outcome.state) == ("suspended", "waiting")
     assert outcome.attempt_refund and outcome.save_checkpoint
+    assert outcome.checkpoint == {"at": 1}
     assert (outcome.wait_reason, outcome.wait_signal, outcome.wait_seconds) == (
         "signal", "go", 30.0,
     )  # fmt: skip
 
 
 def test_a_hard_cancel_is_cancelled_saying_the_process_was_killed():
-    outcome = outcomes.killed_on_cancel(claimed())
+    task = claimed()
+    outcome = outcomes.killed_on_cancel(task)
 
+    assert outcome.task is task
     assert (outcome.label, outcome.state) == ("cancelled", "cancelled")
-    assert outcome.error["outcome"] == "cancelled"
-    assert "killed" in outcome.error["message"]
+    assert outcome.error == {
+        "attempt": 1, "type": "Cancelled",
+        "message": "cancelled with hard=True: the handler's process was killed",
+        "traceback": None, "outcome": "cancelled",
+    }  # fmt: skip
+
+
+def test_a_cancel_is_cancelled_with_the_error_it_is_given():
+    task = claimed()
+    outcome = outcomes.cancelled(task, {"attempt": 1, "type": "Cancelled"})
+
+    assert outcome.task is task
+    assert outcome.error == {"attempt": 1, "type": "Cancelled", "outcome": "cancelled"}
 
 
 # -- error text ---------------------------------------------------------------------------
@@ -229,6 +262,26 @@ def test_error_text_is_stored_without_nul_or_lone_surrogates_and_capped():
     assert outcomes.clean_text("a\ud800b", 100) == "a\\ud800b"
     assert outcomes.clean_text("x" * 12, 10) == "x" * 10 + "... [2 characters cut]"
     assert outcomes.clean_text("x" * 10, 10) == "x" * 10
+
+
+class CustomError(Exception):
+    pass
+
+
+def test_an_error_names_the_exception_by_module_and_qualname_and_keeps_its_traceback():
+    task = claimed()
+    try:
+        raise CustomError("custom")
+    except CustomError as exc:
+        raised = exc
+
+    error = outcomes.error_entry(task, raised)
+
+    assert task.raised is raised  # for the log record of the settlement, never the row
+    assert error["type"] == "tests.test_outcome_policy.CustomError"
+    assert error["traceback"] == "".join(traceback.format_exception(raised))
+    long = outcomes.error_entry(task, raised, kind="K" * 600)["type"]
+    assert long == "K" * 500 + "... [100 characters cut]"
 
 
 def test_an_exception_whose_str_raises_still_gives_an_error():
@@ -281,3 +334,25 @@ def test_a_number_is_a_constant_backoff_and_a_dict_names_the_fields():
     assert RetryPolicy(base=2).as_dict() == {
         "base": 2, "factor": 2.0, "cap": 600.0, "jitter": 0.25,
     }  # fmt: skip
+
+
+# -- stored calls a worker cannot run ---------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("args", "kwargs", "problem"),
+    [(None, {}, "the stored args are a JSON null, not an array"),
+     (True, {}, "the stored args are a JSON boolean, not an array"),
+     (1.5, {}, "the stored args are a JSON number, not an array"),
+     ("x", {}, "the stored args are a JSON string, not an array"),
+     ({}, {}, "the stored args are a JSON object, not an array"),
+     ((1,), {}, "the stored args are a JSON tuple, not an array"),
+     ([], [], "the stored kwargs are a JSON array, not an object"),
+     ([], {1: 2}, "the stored kwargs have the key 1, which is not a string")],
+)  # fmt: skip
+def test_a_stored_call_that_cannot_be_spread_says_what_it_holds(args, kwargs, problem):
+    assert check_stored_call(args, kwargs).startswith(problem)
+
+
+def test_a_stored_call_of_an_array_and_an_object_can_run():
+    assert check_stored_call([1, "a"], {"n": 1}) is None
