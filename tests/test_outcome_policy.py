@@ -1,7 +1,7 @@
 """The outcome policy (worker/outcomes.py), one row of its table per test: what each way
-an attempt ends writes, as the settle row the worker sends. The worker tests run the
-same transitions end to end; these pin each decision, in this process (mutmut's
-tests of the policy, CONTRIBUTING.md)."""
+an attempt ends writes, as the settle row the worker sends; and the retry policy's
+delays (retry.py). The worker tests run the same transitions end to end; these pin each
+decision, in this process (mutmut's tests of the policy, CONTRIBUTING.md)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,6 @@ from datetime import UTC, datetime
 
 import pytest
 
-from django_pgqueue.payload import check_stored_call
 from django_pgqueue.retry import RetryPolicy
 from django_pgqueue.worker import outcomes
 from django_pgqueue.worker.claimed import ClaimedTask
@@ -324,6 +323,12 @@ def test_jitter_spreads_the_delay_both_ways_within_its_fraction():
 
     assert all(75 <= d <= 125 for d in delays)
     assert min(delays) < 85 and max(delays) > 115
+    assert policy.delay(1, random.Random(5)) == policy.delay(1, random.Random(5))  # its rng
+
+
+def test_a_backoff_field_past_what_a_float_holds_is_refused_naming_it():
+    with pytest.raises(ValueError, match=r"^backoff cap an int of 1329 bits is too large$"):
+        RetryPolicy.from_value({"cap": 10**400})
 
 
 def test_a_number_is_a_constant_backoff_and_a_dict_names_the_fields():
@@ -335,24 +340,3 @@ def test_a_number_is_a_constant_backoff_and_a_dict_names_the_fields():
         "base": 2, "factor": 2.0, "cap": 600.0, "jitter": 0.25,
     }  # fmt: skip
 
-
-# -- stored calls a worker cannot run ---------------------------------------------------
-
-
-@pytest.mark.parametrize(
-    ("args", "kwargs", "problem"),
-    [(None, {}, "the stored args are a JSON null, not an array"),
-     (True, {}, "the stored args are a JSON boolean, not an array"),
-     (1.5, {}, "the stored args are a JSON number, not an array"),
-     ("x", {}, "the stored args are a JSON string, not an array"),
-     ({}, {}, "the stored args are a JSON object, not an array"),
-     ((1,), {}, "the stored args are a JSON tuple, not an array"),
-     ([], [], "the stored kwargs are a JSON array, not an object"),
-     ([], {1: 2}, "the stored kwargs have the key 1, which is not a string")],
-)  # fmt: skip
-def test_a_stored_call_that_cannot_be_spread_says_what_it_holds(args, kwargs, problem):
-    assert check_stored_call(args, kwargs).startswith(problem)
-
-
-def test_a_stored_call_of_an_array_and_an_object_can_run():
-    assert check_stored_call([1, "a"], {"n": 1}) is None
