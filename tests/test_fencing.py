@@ -82,6 +82,35 @@ def test_each_fenced_statement_takes_the_current_lease(pg, write):
     assert FENCED[write](pg, mine)
 
 
+@pytest.mark.parametrize("write", ["save_checkpoint", "save_progress", "wait_for_tasks"])
+def test_a_fenced_write_touches_its_own_task_not_the_others_of_its_claim(pg, write):
+    """One claim statement leases its whole batch with one token: the task's id is part
+    of the fence."""
+    tasks.noop.enqueue_many(range(2))
+    mine, other = claim(pg, limit=2, worker_id="w-a")
+    assert mine.lease_token == other.lease_token
+
+    assert FENCED[write](pg, mine)
+
+    stored = row(pg, other.id)
+    assert (stored["checkpoint"], stored["progress"]) == (None, None)
+    children = pg.execute("SELECT child_id FROM pgqueue_dependency").fetchall()
+    assert children in ([], [(mine.id,)])
+
+
+def test_a_cancel_request_is_read_for_its_own_task_not_the_others_of_its_claim(pg):
+    tasks.noop.enqueue_many(range(2))
+    mine, other = claim(pg, limit=2, worker_id="w-a")
+    pg.execute(QUERIES["cancel_task"], {"id": other.id, "hard": False})
+
+    flags = [
+        pg.execute(QUERIES["read_cancel_requested"], fence_params(lease)).fetchall()
+        for lease in (mine, other)
+    ]
+
+    assert flags == [[(False,)], [(True,)]]
+
+
 @pytest.mark.parametrize("write", FENCED)
 def test_a_claim_made_again_with_the_same_attempt_fences_out_the_first_token(pg, write):
     """A claim forgotten by a crash is claimed again with the same attempt and a new
