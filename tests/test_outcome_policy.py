@@ -168,7 +168,7 @@ def test_a_release_hands_the_task_back_after_the_release_delay_without_a_refund(
 def test_a_release_of_the_last_attempt_is_a_dead_letter_saying_why():
     outcome = outcomes.released(claimed(attempt=3, max_attempts=3))
 
-    assert outcome.state == "failed"
+    assert (outcome.label, outcome.state) == ("released", "failed")
     assert outcome.error["type"] == "WorkerShutdown"
     assert outcome.error["outcome"] == "released"
 
@@ -281,6 +281,7 @@ def test_an_error_names_the_exception_by_module_and_qualname_and_keeps_its_trace
     assert error["traceback"] == "".join(traceback.format_exception(raised))
     long = outcomes.error_entry(task, raised, kind="K" * 600)["type"]
     assert long == "K" * 500 + "... [100 characters cut]"
+    assert outcomes.plain_error(task, "K" * 600, "m")["type"] == long
 
 
 def test_an_exception_whose_str_raises_still_gives_an_error():
@@ -329,6 +330,31 @@ def test_jitter_spreads_the_delay_both_ways_within_its_fraction():
 def test_a_backoff_field_past_what_a_float_holds_is_refused_naming_it():
     with pytest.raises(ValueError, match=r"^backoff cap an int of 1329 bits is too large$"):
         RetryPolicy.from_value({"cap": 10**400})
+    with pytest.raises(ValueError, match=r"^backoff an int of 1329 bits is too large$"):
+        RetryPolicy.from_value(10**400)
+
+
+def test_a_backoff_out_of_range_is_refused_saying_what_is_allowed():
+    with pytest.raises(ValueError) as caught:
+        RetryPolicy(base=1, cap=-1)
+    assert str(caught.value) == (
+        "backoff base and cap must be seconds between 0 and 315360000 (10 years), "
+        "not base=1, cap=-1"
+    )
+    with pytest.raises(ValueError) as caught:
+        RetryPolicy(jitter=1.5)
+    assert str(caught.value) == "backoff jitter must be between 0 and 1, not 1.5"
+    with pytest.raises(ValueError) as caught:
+        RetryPolicy.from_value({"base": 1, "spread": 2})
+    assert str(caught.value) == (
+        "unknown backoff option(s) ['spread']; valid: base, factor, cap, jitter"
+    )
+
+
+def test_a_backoff_at_the_ends_of_its_ranges_is_accepted():
+    limit = 10 * 365 * 24 * 3600.0
+    assert RetryPolicy(base=limit, cap=limit, jitter=1).delay(1, random.Random(1)) <= 2 * limit
+    assert RetryPolicy(base=0, cap=0, jitter=0).delay(1) == 0
 
 
 def test_a_number_is_a_constant_backoff_and_a_dict_names_the_fields():

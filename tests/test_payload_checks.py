@@ -63,5 +63,19 @@ def test_a_stored_call_that_cannot_be_spread_says_what_it_holds(args, kwargs, pr
     assert check_stored_call(args, kwargs).startswith(problem)
 
 
+def test_a_stored_call_that_cannot_be_spread_says_why_it_cannot_run():
+    assert check_stored_call(None, {}) == (
+        "the stored args are a JSON null, not an array: this row was written by hand or "
+        "by an old version; it cannot be run"
+    )
+    assert check_stored_call([], []) == (
+        "the stored kwargs are a JSON array, not an object: this row was written by hand "
+        "or by an old version; it cannot be run"
+    )
+    assert check_stored_call([], {1: 2}) == (
+        "the stored kwargs have the key 1, which is not a string: this row cannot be run"
+    )
+
+
 def test_a_stored_call_of_an_array_and_an_object_can_run():
     assert check_stored_call([1, "a"], {"n": 1}) is None
