@@ -228,6 +228,15 @@ def test_a_paused_queue_is_claimed_by_neither_claim_until_resumed(pg, statement)
 
 
 @pytest.mark.parametrize("statement", ["claim", "claim_plain"])
+def test_a_pause_of_another_queue_holds_back_nothing_here(pg, statement):
+    ids = tasks.noop.enqueue_many(range(3))
+    operations.pause("other")
+    operations.pause("other", tasks.noop.name)
+
+    assert sorted(claim_with(pg, statement)) == ids
+
+
+@pytest.mark.parametrize("statement", ["claim", "claim_plain"])
 def test_a_paused_task_name_is_claimed_by_neither_claim_the_rest_of_its_queue_is(
     pg, statement
 ):
