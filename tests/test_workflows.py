@@ -198,6 +198,18 @@ def test_a_signal_sent_before_the_task_suspends_is_not_lost(pg):
     assert row(task_id).wake["payload"] == 42
 
 
+@pytest.mark.parametrize("when", ["scheduled", "pending"])
+def test_a_signal_sent_before_the_task_starts_is_kept_for_it_alone(when):
+    options = {"delay": 3600} if when == "scheduled" else {}
+    task_id = wait_for_signal.using(**options).enqueue("approved")
+    other = wait_for_signal.enqueue("approved")
+
+    assert signal(task_id, "approved", 7) == "stored"
+
+    assert (row(task_id).state, row(task_id).signals) == (when, {"approved": 7})
+    assert row(other).signals == {}
+
+
 def test_a_signal_for_another_name_does_not_resume(pg):
     task_id = wait_for_signal.enqueue("approved")
     (claimed,) = sqlhelpers.claim(pg, 1)
@@ -239,6 +251,22 @@ def test_a_stale_worker_cannot_wait_for_a_child(pg):
         {"id": parent, "attempt": old.attempt, "token": old.lease_token, "ids": [child]},
     ).fetchall()
     assert rows == [] and Dependency.objects.count() == 0
+
+
+def test_wait_for_links_the_tasks_named_and_never_the_waiting_task_itself(pg):
+    parent = wait_for_signal.enqueue("x")
+    child = step.enqueue("child")
+    bystander = step.enqueue("bystander")
+    (me,) = [t for t in sqlhelpers.claim(pg, 3) if t.id == parent]
+
+    rows = pg.execute(
+        sqlhelpers.QUERIES["wait_for_tasks"],
+        {"id": parent, "attempt": me.attempt, "token": me.lease_token, "ids": [child, parent]},
+    ).fetchall()
+
+    assert rows == [(child,)]
+    assert list(Dependency.objects.values_list("parent_id", "child_id")) == [(child, parent)]
+    assert not row(bystander).has_dependents and not row(parent).has_dependents
 
 
 def test_a_handler_waits_for_its_child_and_resumes_with_its_result(start_worker):
