@@ -12,6 +12,7 @@ from django.utils import timezone
 from psycopg.rows import class_row, tuple_row
 
 from django_pgqueue import operations, sql
+from django_pgqueue.models import Task
 from django_pgqueue.sql import QUERIES, positional
 from django_pgqueue.worker.claimed import ClaimedTask, claimed_rows
 from django_pgqueue.worker.claimer import claim_statement, route_params, stage_params
@@ -248,6 +249,24 @@ def test_a_paused_task_name_is_claimed_by_neither_claim_the_rest_of_its_queue_is
 
     operations.resume("default", tasks.noop.name)
     assert sorted(claim_with(pg, statement)) == held
+
+
+def test_the_stager_makes_due_only_the_rows_of_the_queues_it_is_given(pg):
+    past = timezone.now() - timedelta(seconds=5)
+    mine = TaskFactory(state="scheduled", run_at=past)
+    theirs = TaskFactory(state="scheduled", run_at=past, queue="other")
+    waiting = [
+        TaskFactory(state="waiting", queue=queue, wait_reason="signal", wait_signal="go",
+                    wait_until=past)
+        for queue in ("default", "other")
+    ]  # fmt: skip
+
+    staged = pg.execute(QUERIES["stage"], {"queues": ["default"], "limit": 100}).fetchall()
+
+    assert [(q, n) for q, n, _notified, _expired in staged] == [("default", 2)]
+    states = {t.pk: t.state for t in Task.objects.all()}
+    assert (states[mine.pk], states[waiting[0].pk]) == ("pending", "pending")
+    assert (states[theirs.pk], states[waiting[1].pk]) == ("scheduled", "waiting")
 
 
 def test_the_plain_claim_takes_what_the_full_claim_takes_for_a_lane_without_limits(pg):
