@@ -311,14 +311,19 @@ def explained() -> dict[str, str]:
 # -- running -----------------------------------------------------------------------
 
 
-def run_tests(tests: list[str], queries_file: Path | None, timeout: float) -> tuple[str, str]:
-    """("passed" | "failed" | "invalid" | "timeout", output)."""
+def run_tests(
+    tests: list[str], queries_file: Path | None, timeout: float, fresh: bool
+) -> tuple[str, str]:
+    """("passed" | "failed" | "invalid" | "timeout", output). The test database is kept
+    between runs (--reuse-db), and made anew (``fresh``) after a run that was killed:
+    its transactional tests had no teardown to empty the tables."""
     env = dict(os.environ)
     env.pop("PGQUEUE_TEST_QUERIES", None)
     if queries_file is not None:
         env["PGQUEUE_TEST_QUERIES"] = str(queries_file)
     command = [
-        sys.executable, "-m", "pytest", *tests, "-x", "-q", "-n", "0", "--reuse-db",
+        sys.executable, "-m", "pytest", *tests, "-x", "-q", "-n", "0",
+        "--create-db" if fresh else "--reuse-db",
         "-p", "no:cacheprovider", "-o", "addopts=", "-m", "not slow and not soak",
     ]
     try:
@@ -384,12 +389,13 @@ def main(argv: list[str] | None = None) -> int:
     reasons = explained()
     baselines: dict[tuple[str, ...], float] = {}
     survivors, invalid, stale = [], [], []
+    killed_last = False  # the last run was killed at its timeout
     with tempfile.TemporaryDirectory(prefix="pgqueue-mutants-") as tmp:
         queries_file = Path(tmp) / "queries.sql"
         for n, (mutant, tests) in enumerate(selected, 1):
             if tuple(tests) not in baselines:
                 began = time.monotonic()
-                status, output = run_tests(tests, None, args.timeout)
+                status, output = run_tests(tests, None, args.timeout, fresh=True)
                 if status != "passed":
                     print(output[-5000:])
                     print(f"the tests of {mutant.statement} fail unmutated: {' '.join(tests)}")
@@ -399,7 +405,8 @@ def main(argv: list[str] | None = None) -> int:
             queries_file.write_text(f"-- name: {mutant.statement}\n{mutated};\n")
             timeout = min(args.timeout, 3 * baselines[tuple(tests)] + 30)
             began = time.monotonic()
-            status, output = run_tests(tests, queries_file, timeout)
+            status, output = run_tests(tests, queries_file, timeout, fresh=killed_last)
+            killed_last = status == "timeout"
             took = time.monotonic() - began
             verdict = {"passed": "SURVIVED", "failed": "killed"}.get(status, status)
             if status == "passed":
