@@ -115,7 +115,12 @@ def test_an_invalid_stored_policy_falls_back_to_the_default_backoff(caplog, sett
     outcome = outcomes.raised(task, boom())
 
     assert (outcome.state, outcome.delay) == ("pending", 7.0)
-    assert "the stored retry policy is invalid" in caplog.text
+    (record,) = [r for r in caplog.records if "retry policy" in r.getMessage()]
+    assert record.getMessage() == (
+        f"{task.log_prefix()}: the stored retry policy is invalid (backoff base and cap "
+        "must be seconds between 0 and 315360000 (10 years), not base=-1.0, cap=600.0); "
+        "using DEFAULT_BACKOFF"
+    )
 
 
 def test_an_explicit_retry_delay_replaces_the_backoff():
@@ -344,6 +349,11 @@ def test_a_backoff_out_of_range_is_refused_saying_what_is_allowed():
     with pytest.raises(ValueError) as caught:
         RetryPolicy(jitter=1.5)
     assert str(caught.value) == "backoff jitter must be between 0 and 1, not 1.5"
+    with pytest.raises(TypeError) as caught:
+        RetryPolicy.from_value("5s")
+    assert str(caught.value) == (
+        "backoff must be a RetryPolicy, a dict or a number of seconds, not '5s'"
+    )
     with pytest.raises(ValueError) as caught:
         RetryPolicy.from_value({"base": 1, "spread": 2})
     assert str(caught.value) == (

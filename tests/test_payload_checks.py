@@ -7,8 +7,13 @@ from __future__ import annotations
 
 import pytest
 
-from django_pgqueue.exceptions import InvalidTaskError
-from django_pgqueue.payload import check_stored_call, parse_json
+from django_pgqueue.exceptions import InvalidTaskError, PayloadTooLarge
+from django_pgqueue.payload import (
+    RESULT_LIMIT,
+    check_stored_call,
+    check_value_size,
+    parse_json,
+)
 
 
 def test_typed_json_is_parsed_and_an_empty_text_is_null():
@@ -79,3 +84,21 @@ def test_a_stored_call_that_cannot_be_spread_says_why_it_cannot_run():
 
 def test_a_stored_call_of_an_array_and_an_object_can_run():
     assert check_stored_call([1, "a"], {"n": 1}) is None
+
+
+# -- a handler's result or checkpoint, checked at the worker -----------------------------
+
+
+def test_a_result_over_its_limit_is_refused_naming_the_limit(settings):
+    settings.PGQUEUE = {**settings.PGQUEUE, "MAX_RESULT_BYTES": 1024}
+
+    check_value_size(RESULT_LIMIT, "x" * 1000)  # 1,002 bytes as JSON
+    for scalar in (None, True, 10**999, 1e308):
+        check_value_size(RESULT_LIMIT, scalar)
+    with pytest.raises(PayloadTooLarge) as caught:
+        check_value_size(RESULT_LIMIT, ["x" * 1100])
+
+    assert str(caught.value).startswith(
+        "the task's result: 1,104 bytes as JSON, more than the limit of 1,024 bytes "
+        "(PGQUEUE['MAX_RESULT_BYTES']): store a large result elsewhere"
+    )
