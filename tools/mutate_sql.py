@@ -353,6 +353,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tests", nargs=argparse.REMAINDER,
                         help="run these pytest arguments instead of the statement's tests "
                              "(the last option)")
+    parser.add_argument("--skip-explained", action="store_true",
+                        help="do not run the mutants explained as equivalent (they survive "
+                             "by definition; running them only finds explanations gone stale)")
     parser.add_argument("--list", action="store_true",
                         help="list the mutants and the statements not checked; run nothing")
     parser.add_argument("--timeout", type=float, default=600,
@@ -369,6 +372,8 @@ def main(argv: list[str] | None = None) -> int:
             continue
         for mutant in mutants(name, sql):
             if args.match not in mutant.key:
+                continue
+            if args.skip_explained and mutant.key in explained():
                 continue
             if args.fence and not (
                 f"{mutant.statement}/{mutant.context}" in FENCE_CONTEXTS
