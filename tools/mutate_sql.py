@@ -363,6 +363,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     statements = load_statements()
+    reasons = explained()
     selected = []
     for name, sql in statements.items():
         tests = covered(name)
@@ -373,7 +374,7 @@ def main(argv: list[str] | None = None) -> int:
         for mutant in mutants(name, sql):
             if args.match not in mutant.key:
                 continue
-            if args.skip_explained and mutant.key in explained():
+            if args.skip_explained and mutant.key in reasons:
                 continue
             if args.fence and not (
                 f"{mutant.statement}/{mutant.context}" in FENCE_CONTEXTS
@@ -391,7 +392,6 @@ def main(argv: list[str] | None = None) -> int:
     if not os.environ.get("DATABASE_URL"):
         parser.error("set DATABASE_URL (the tests' PostgreSQL server)")
 
-    reasons = explained()
     baselines: dict[tuple[str, ...], float] = {}
     survivors, invalid, stale = [], [], []
     killed_last = False  # the last run was killed at its timeout
