@@ -269,6 +269,27 @@ def test_wait_for_links_the_tasks_named_and_never_the_waiting_task_itself(pg):
     assert not row(bystander).has_dependents and not row(parent).has_dependents
 
 
+def test_one_settle_of_tasks_waiting_for_children_judges_each_by_its_own(pg):
+    """One batch: a task with two children still to run, one with one, and one whose
+    child has ended. Each waits for its own open children; the last is pending at once."""
+    parents = [wait_for_signal.enqueue(name) for name in ("two", "one", "none")]
+    claimed = sqlhelpers.claim(pg, 3)
+    assert [t.id for t in claimed] == parents
+    children = [[step.enqueue("a"), step.enqueue("b")], [step.enqueue("c")], [step.enqueue("d")]]
+    Task.objects.filter(pk=children[2][0]).update(state="succeeded")
+    for lease, ids in zip(claimed, children, strict=True):
+        pg.execute(
+            sqlhelpers.QUERIES["wait_for_tasks"],
+            {"id": lease.id, "attempt": lease.attempt, "token": lease.lease_token, "ids": ids},
+        )
+
+    settled = sqlhelpers.settle(pg, [suspension(t, None, reason="child") for t in claimed])
+
+    assert settled == dict(zip(parents, ["waiting", "waiting", "pending"], strict=True))
+    assert [row(p).parents_pending for p in parents[:2]] == [2, 1]
+    assert row(parents[2]).wake["reason"] == "child"
+
+
 def test_a_handler_waits_for_its_child_and_resumes_with_its_result(start_worker):
     start_worker("--concurrency", "2")
     task_id = parent_of_child.enqueue(1)
