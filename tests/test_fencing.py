@@ -54,9 +54,18 @@ FENCED = {
             QUERIES["heartbeat"], {"leases": leases_json(lease), "lease_seconds": 60}
         ).fetchall()
     ),
-    "still_leased": lambda pg, lease: bool(
-        pg.execute(QUERIES["still_leased"], {"leases": leases_json(lease)}).fetchall()
-    ),
+    "settle_check": lambda pg, lease: pg.execute(
+        QUERIES["settle_check"], {"leases": leases_json(lease)}
+    ).fetchone()[3] == "held",
+    "hold_lease": lambda pg, lease: pg.execute(
+        QUERIES["hold_lease"], {**fence_params(lease), "any_expiry": False}
+    ).fetchone() is not None,
+    "settle_atomic": lambda pg, lease: pg.execute(
+        QUERIES["settle_atomic"],
+        {**fence_params(lease), "any_expiry": False, "result": None,
+         "save_checkpoint": False, "checkpoint": None, "save_progress": False,
+         "progress": None, "limit_queue": None, "limit_concurrency": None},
+    ).fetchone() is not None,
     "save_checkpoint": lambda pg, lease: pg.execute(
         QUERIES["save_checkpoint"], {**fence_params(lease), "checkpoint": '{"stale": 1}'}
     ).rowcount == 1,
@@ -80,6 +89,29 @@ def test_each_fenced_statement_takes_the_current_lease(pg, write):
     (mine,) = claim(pg, limit=1, worker_id="w-a")
 
     assert FENCED[write](pg, mine)
+
+
+@pytest.mark.parametrize("statement", ["hold_lease", "settle_atomic"])
+def test_an_atomic_commit_refuses_a_lapsed_lease_nobody_recovered_yet(pg, statement):
+    """An atomic task's writes commit only while its lease holds: a lease past its
+    expiry that no sweep has recovered yet (the row still running, with its token) is
+    not the attempt's any more. The test helpers, where nothing renews a lease, pass
+    any_expiry and commit anyway."""
+    tasks.noop.enqueue(1)
+    (mine,) = claim(pg, limit=1, worker_id="w-a")
+    pg.execute(
+        "UPDATE pgqueue_task SET lease_expires_at = now() - interval '1 second' WHERE id = %s",
+        [mine.id],
+    )
+
+    assert not FENCED[statement](pg, mine)
+    assert row(pg, mine.id)["state"] == "running"
+    params = {**fence_params(mine), "any_expiry": True}
+    if statement == "settle_atomic":
+        params.update(result=None, save_checkpoint=False, checkpoint=None,
+                      save_progress=False, progress=None, limit_queue=None,
+                      limit_concurrency=None)  # fmt: skip
+    assert pg.execute(QUERIES[statement], params).fetchone() is not None
 
 
 @pytest.mark.parametrize("write", ["save_checkpoint", "save_progress", "wait_for_tasks"])

@@ -57,7 +57,8 @@ COVERAGE: dict[str, list[str]] = {
     ],
     "settle_check": [*FENCE_TESTS, "tests/test_executions.py"],
     "heartbeat": FENCE_TESTS,
-    "still_leased": FENCE_TESTS,
+    "hold_lease": [*FENCE_TESTS, "tests/test_atomic.py"],
+    "settle_atomic": [*FENCE_TESTS, "tests/test_atomic.py"],
     "save_checkpoint": FENCE_TESTS,
     "save_progress": FENCE_TESTS,
     "read_cancel_requested": [*FENCE_TESTS, "tests/test_worker.py", "-k", "cancel"],
@@ -92,11 +93,12 @@ COVERAGE: dict[str, list[str]] = {
 # (statement/context, as in a mutant's key). Fast: their tests are the SQL-level
 # fencing tests.
 FENCE_CONTEXTS = (
-    "settle/mine", "settle/settled", "heartbeat/mine", "still_leased/main",
+    "settle/mine", "settle/settled", "heartbeat/mine", "hold_lease/main",
+    "settle_atomic/settled",
     "save_checkpoint/main", "save_progress/main", "read_cancel_requested/main",
     "wait_for_tasks/me",
 )
-FENCE_PREDICATE = re.compile(r"token|\battempt\b|state = 'running'")
+FENCE_PREDICATE = re.compile(r"token|\battempt\b|state = 'running'|lease_expires_at >")
 
 
 # -- parsing -----------------------------------------------------------------------
