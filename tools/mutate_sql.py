@@ -79,6 +79,7 @@ COVERAGE: dict[str, list[str]] = {
         "tests/test_sizes.py",
         "tests/test_worker.py",
     ],
+    "claim_fair": ["tests/test_fair.py", "tests/test_claim.py", "tests/test_sizes.py"],
     "signal_task": ["tests/test_workflows.py", "tests/test_bad_input_signal.py"],
     "stage": ["tests/test_claim.py", "tests/test_expiry.py", "tests/test_workflows.py",
               "tests/test_key_rates.py"],
