@@ -355,11 +355,12 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[index]
 
 
-def enqueue_backlog(total: int, batch: int = 1000) -> None:
-    from benchmarks.tasks import noop
+def enqueue_backlog(total: int, batch: int = 1000, encrypted: bool = False) -> None:
+    from benchmarks.tasks import noop, sealed_noop
 
+    task = sealed_noop if encrypted else noop
     for start in range(0, total, batch):
-        noop.enqueue_many(range(start, min(total, start + batch)))
+        task.enqueue_many(range(start, min(total, start + batch)))
 
 
 # -- workloads -------------------------------------------------------------------------
@@ -371,6 +372,7 @@ W1_KINDS = {
     "using_priority": "noop.using(priority=5).enqueue(i)",
     "framework": "Django Tasks framework: framework_tasks.noop.enqueue(i)",
     "tx": "with atomic(): INSERT an order; noop.enqueue(i) (a view's transaction)",
+    "encrypted": "sealed_noop.enqueue(i) (@task(encrypt=True))",
 }
 # W1-tx's order: one row in the view's transaction, beside the task.
 ORDER_TABLE = "CREATE TABLE IF NOT EXISTS bench_order (id bigserial PRIMARY KEY, total int)"
@@ -407,6 +409,10 @@ def _enqueue_call(kind: str) -> Callable[[int], Any]:
         from benchmarks.framework_tasks import noop as framework_noop
 
         return framework_noop.enqueue
+    if kind == "encrypted":
+        from benchmarks.tasks import sealed_noop
+
+        return sealed_noop.enqueue
     return noop.enqueue
 
 
@@ -457,8 +463,10 @@ def w1_single(total: int, clients: int, kind: str = "enqueue") -> dict[str, Any]
     wall = time.perf_counter() - started
     for p in procs:
         p.join()
+    # The clients' warm-up calls enqueue -1; an encrypted one's args are sealed.
+    warm_ups = clients if kind == "encrypted" else 0
     with raw_connection() as conn:
-        written = count(conn, "args <> '[-1]'")
+        written = count(conn, "args <> '[-1]'") - warm_ups
     assert written == per * clients, f"W1 {kind}: {written} rows for {per * clients} calls"
     return {
         "rate": per * clients / wall,
@@ -1144,8 +1152,9 @@ def main(argv: list[str] | None = None) -> int:
         "W2a-keys (10,000 keys with a per-key rate or concurrency that does not bind, and "
         "the claim alone), "
         "W2a-atomic (tasks that insert one row, plain against atomic=True), "
-        "W2a-middleware (one no-op task middleware), W2a-tasklogs (tasks logging two "
-        "records, with TASK_LOGS against without), W2a-otel (OpenTelemetry's SDK against "
+        "W2a-middleware (one no-op task middleware), W2a-encrypt (encrypted no-ops, "
+        "@task(encrypt=True)), W2a-tasklogs (tasks logging two records, with TASK_LOGS "
+        "against without), W2a-otel (OpenTelemetry's SDK against "
         "no opentelemetry); W3-latency is W3's idle latency without its idle workers "
         "of other queues; W9 is "
         "waiting work: a chord's fan-in against a plain drain, and a chain",
@@ -1430,6 +1439,12 @@ def main(argv: list[str] | None = None) -> int:
             ratio_to="w2a",
             target=">= 0.95x W2a",
             check=lambda v, r: r >= 0.95,
+        ),
+        "w2a_encrypt": Row(
+            "w2a_encrypt",
+            f"W2a drain {n:,} encrypted no-ops (@task(encrypt=True)), 1 process",
+            "tasks/s",
+            ratio_to="w2a",
         ),
         "w2a_no_otel": Row(
             "w2a_no_otel",
@@ -1758,6 +1773,9 @@ def main(argv: list[str] | None = None) -> int:
         if "W2A-MIDDLEWARE" in only:
             d = drain(n, 1, env={"PGQUEUE_BENCH_MIDDLEWARE": "1"})
             record("w2a_middleware", d["rate"], d)
+        if "W2A-ENCRYPT" in only:
+            d = drain(n, 1, enqueue=lambda: enqueue_backlog(n, encrypted=True))
+            record("w2a_encrypt", d["rate"], d)
         if "W2A-OTEL" in only:
             d = drain(n, 1, env={"PGQUEUE_BENCH_OTEL": "off"})
             record("w2a_no_otel", d["rate"], d)

@@ -39,7 +39,9 @@ PGQUEUE = {
     "TASK_MODULES": ["benchmarks.tasks"]
     + (["benchmarks.async_tasks"] if os.environ.get("PGQUEUE_BENCH_ASYNC_TASKS") == "1" else [])
     # W2a-keys: tasks with a per-key rate or concurrency that never binds.
-    + (["benchmarks.key_tasks"] if os.environ.get("PGQUEUE_BENCH_KEYS") == "1" else []),
+    + (["benchmarks.key_tasks"] if os.environ.get("PGQUEUE_BENCH_KEYS") == "1" else [])
+    # python -m benchmarks.tenants: fair, sequenced and batch tasks.
+    + (["benchmarks.tenant_tasks"] if os.environ.get("PGQUEUE_BENCH_TENANTS") == "1" else []),
     # benchmarks/history.py: retention at a sustained rate, with a short time to live and
     # a short prune interval (the suite's other workloads keep every row for the run).
     "PRUNE_INTERVAL": float(os.environ.get("PGQUEUE_BENCH_PRUNE_INTERVAL", 3600.0)),
@@ -53,6 +55,9 @@ PGQUEUE = {
         if os.environ.get("PGQUEUE_BENCH_PRUNE_BATCH")
         else {}
     ),
+    # W1 encrypted and W2a-encrypt: the key of sealed_noop's payloads (a benchmark's own;
+    # plain tasks never use it).
+    "ENCRYPTION_KEYS": ["b3vb8cHi1DDFP1yuXr3wqfjILx9lIGn0wbqVc1ExmF4="],
     # W2a-async: the opt-in asynchronous claims, measured against the default.
     "ASYNC_CLAIMS": os.environ.get("PGQUEUE_BENCH_ASYNC_CLAIMS") == "1",
     # To measure other prefetch depths than the default (CONCURRENCY).

@@ -15,6 +15,12 @@ def noop(n: int) -> None:
     return None
 
 
+@task(encrypt=True, name="benchmarks.tasks.sealed_noop")
+def sealed_noop(n: int) -> None:
+    """noop, encrypted (W1 encrypted, W2a-encrypt): its args and result are sealed."""
+    return None
+
+
 @task
 def probe(n: int) -> float:
     """Returns the wall-clock time at which the handler started (same host as the

@@ -21,10 +21,12 @@ Everything else is private by name or lives in a submodule documented in docs/.
 # The release, read by the packaging too (pyproject.toml); docs/versioning.md.
 __version__ = "0.2.0.dev0"
 
+from django_pgqueue.batch import BatchCall
 from django_pgqueue.context import TaskContext
 from django_pgqueue.exceptions import (
     Cancelled,
     Continue,
+    EncryptionError,
     InvalidTaskError,
     LeaseLost,
     PayloadTooLarge,
@@ -56,8 +58,10 @@ from django_pgqueue.runtime_schedules import (
 )
 
 __all__ = [
+    "BatchCall",
     "Cancelled",
     "Continue",
+    "EncryptionError",
     "InvalidScheduleError",
     "InvalidTaskError",
     "LeaseLost",

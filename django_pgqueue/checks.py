@@ -17,8 +17,10 @@ from django.core.checks import Error, Tags, Warning, register
 from django.db import connections
 from django.db.migrations.loader import MigrationLoader
 
+from django_pgqueue import encryption
 from django_pgqueue.conf import (
     SETTINGS,
+    SETTINGS_BY_NAME,
     configured,
     get_settings,
     migrate_command,
@@ -26,6 +28,7 @@ from django_pgqueue.conf import (
     unknown_keys,
 )
 from django_pgqueue.exceptions import InvalidTaskError
+from django_pgqueue.fairness import parse_weights
 from django_pgqueue.limits import parse_limits
 from django_pgqueue.registry import missing_task_modules, registry, validate_queue
 
@@ -76,6 +79,13 @@ def check_settings(app_configs, **kwargs):
         except ValueError as exc:
             messages.append(
                 Error(str(exc), hint=f"See {DOCS_URL}/limits.md.", id="django_pgqueue.E020")
+            )
+    if "FAIR_WEIGHTS" in project and "FAIR_WEIGHTS" not in invalid:
+        try:
+            parse_weights(project["FAIR_WEIGHTS"])
+        except ValueError as exc:
+            messages.append(
+                Error(str(exc), hint=f"See {DOCS_URL}/tenants.md.", id="django_pgqueue.E022")
             )
     if "MIDDLEWARE" in project and "MIDDLEWARE" not in invalid:
         messages.extend(_check_middleware(project["MIDDLEWARE"]))
@@ -138,9 +148,53 @@ def _check_task_logs_level(level: str) -> list[Warning]:
             "so no task keeps them",
             hint=f"Set the level {level} on the loggers your tasks use, or on the root "
             f"logger, in LOGGING; see {DOCS_URL}/logging.md.",
-            id="django_pgqueue.W009",
+            id="django_pgqueue.W010",
         )
     ]
+
+
+@register(Tags.compatibility)
+def check_encryption(app_configs, **kwargs):
+    """Encrypted tasks (ENCRYPT_ALL, a @task(encrypt=True)) or ENCRYPTION_KEYS, while
+    payloads cannot be encrypted here: an error when cryptography is not installed or a
+    value of ENCRYPTION_KEYS is not a key; a warning when there is no key (a process
+    that neither enqueues nor runs encrypted tasks, a migration's, may go without).
+    The messages never quote a key."""
+    project = configured()
+    keys = project.get("ENCRYPTION_KEYS")
+    if keys is not None and SETTINGS_BY_NAME["ENCRYPTION_KEYS"].problem(keys, "") is not None:
+        return []  # not a list: reported by check_settings
+    users = []
+    if project.get("ENCRYPT_ALL") is True:
+        users.append("ENCRYPT_ALL is True")
+    encrypting = sorted(d.name for d in registry.all() if d.encrypt)
+    if encrypting:
+        shown = ", ".join(encrypting[:5])
+        more = f" and {len(encrypting) - 5} more" if len(encrypting) > 5 else ""
+        users.append(f"task(s) {shown}{more} are declared with encrypt=True")
+    if not (keys or users):
+        return []
+    why = f" ({'; '.join(users)})" if users else ""
+    problem = encryption.install_problem() or (keys and encryption.bad_key(keys))
+    if problem:
+        return [
+            Error(
+                f"{problem}{why}",
+                hint="Encrypted tasks can be neither enqueued nor run until this is "
+                f"fixed; see {DOCS_URL}/security.md.",
+                id="django_pgqueue.E050",
+            )
+        ]
+    if not keys:
+        return [
+            Warning(
+                f"{encryption.NO_KEYS}{why}",
+                hint="This process can neither enqueue nor run encrypted tasks; see "
+                f"{DOCS_URL}/security.md.",
+                id="django_pgqueue.W009",
+            )
+        ]
+    return []
 
 
 def _check_middleware(paths: list[str]) -> list[Error]:

@@ -23,7 +23,7 @@ step with this table.
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass, make_dataclass
+from dataclasses import dataclass, field, make_dataclass
 from typing import Any, NamedTuple
 
 from django.conf import settings as django_settings
@@ -71,6 +71,8 @@ class Setting:
     maximum: float | None = None
     choices: tuple[str, ...] | None = None
     nullable: bool = False
+    # A secret (ENCRYPTION_KEYS): an error about its value never quotes the value.
+    secret: bool = False
 
     @property
     def dest(self) -> str | None:
@@ -89,7 +91,8 @@ class Setting:
             return None
         if not _is_kind(value, self.kind):
             wanted = _KIND_NAMES[self.kind] + (" or None" if self.nullable else "")
-            return Problem("kind", f"{where} must be {wanted}, not {short_repr(value)}")
+            shown = f"a {type(value).__name__}" if self.secret else short_repr(value)
+            return Problem("kind", f"{where} must be {wanted}, not {shown}")
         if self.choices is not None and value not in self.choices:
             choices = ", ".join(repr(c) for c in self.choices)
             return Problem("choice", f"{where} is {short_repr(value)}: use one of {choices}")
@@ -213,6 +216,18 @@ SETTINGS: tuple[Setting, ...] = (
         "refused; None: no limit.",
         minimum=1, nullable=True,
     ),
+    # -- encrypted payloads (docs/security.md, "Encrypted payloads") --------------------
+    Setting(
+        "ENCRYPTION_KEYS", [], list,
+        "Fernet keys of encrypted tasks' payloads, newest first: the first encrypts, "
+        "each one decrypts. Read them from the environment or a secrets store.",
+        secret=True,
+    ),
+    Setting(
+        "ENCRYPT_ALL", False, bool,
+        "Encrypt the payloads of every task, except those declared with "
+        "@task(encrypt=False).",
+    ),
     # -- the worker --------------------------------------------------------------------
     Setting(
         "QUEUES", ["default"], list,
@@ -223,6 +238,12 @@ SETTINGS: tuple[Setting, ...] = (
         "QUEUE_LIMITS", {}, dict,
         "Fleet-wide limits per queue, enforced by the claim: {queue: {'concurrency': N, "
         "'rate': 'N/period'}} (docs/limits.md). Every worker must have the same.",
+    ),
+    Setting(
+        "FAIR_WEIGHTS", {}, dict,
+        "Fair-share weights of keys: {key or 'prefix*': weight}. A key with weight w gets "
+        "w times the slots of a key of weight 1 while both have due work; unlisted keys "
+        "weigh 1 (docs/tenants.md).",
     ),
     Setting(
         "CONCURRENCY", 10, int,
@@ -585,7 +606,8 @@ _MUTABLE_DEFAULTS = frozenset(k for k, v in DEFAULTS.items() if isinstance(v, li
 
 PgQueueSettings = make_dataclass(
     "PgQueueSettings",
-    [(s.name, s.annotation) for s in SETTINGS],
+    # A secret (ENCRYPTION_KEYS) is left out of the repr, should the settings be logged.
+    [(s.name, s.annotation, field(repr=not s.secret)) for s in SETTINGS],
     frozen=True,
     namespace={
         "__doc__": "The effective settings: one attribute per row of SETTINGS.",

@@ -12,6 +12,7 @@ from asgiref.sync import sync_to_async
 from django.db import connections
 from django.utils import timezone
 
+from django_pgqueue import encryption
 from django_pgqueue.exceptions import _UNSET, InvalidTaskError, LeaseLost, Suspend
 from django_pgqueue.payload import (
     CHECKPOINT_LIMIT,
@@ -47,6 +48,9 @@ class TaskContext:
 
     ``idempotency_key`` names the task for the APIs that accept one (payments, email):
     the same for every attempt of the task, different for every other task.
+
+    An encrypted task's (docs/security.md, "Encrypted payloads") checkpoint, signals and
+    wake-up arrive here decrypted, and what it saves is encrypted before it is written.
     """
 
     task_id: int
@@ -73,6 +77,8 @@ class TaskContext:
     # An atomic attempt's checkpoint and progress writes, held until its commit (query
     # name -> parameters); None: written at once.
     _held: dict[str, dict[str, Any]] | None = field(default=None, repr=False)
+    # Its row is encrypted: checkpoint and progress are written encrypted.
+    _encrypted: bool = field(default=False, repr=False)
 
     @property
     def cancel_requested(self) -> bool:
@@ -120,6 +126,8 @@ class TaskContext:
         value = check_json(checkpoint, "checkpoint")
         text = dumps(value)
         check_size(CHECKPOINT_LIMIT, text)
+        if self._encrypted:
+            text = encryption.seal_text(text)
         self._fenced("save_checkpoint", {"checkpoint": text})
         self.checkpoint = value
 
@@ -127,6 +135,8 @@ class TaskContext:
         """Publish progress (any JSON value) for the admin and API readers."""
         text = dumps(check_json(progress, "progress"))
         check_size(PROGRESS_LIMIT, text)
+        if self._encrypted:
+            text = encryption.seal_text(text)
         self._fenced("save_progress", {"progress": text})
 
     @property
@@ -169,14 +179,17 @@ class TaskContext:
         """The tasks this one waited for (its parents, and tasks it ``wait_for``-ed), by
         id: ``{"task_name", "state", "result", "error"}`` (``error``: the last error's
         message). Read when called, so a task that does not ask loads nothing. A parent
-        pruned by retention since is missing."""
+        pruned by retention since is missing. An encrypted parent's result is decrypted
+        (EncryptionError if no key of ENCRYPTION_KEYS decrypts it)."""
         with connections[self.database].cursor() as cursor:
             cursor.execute(QUERIES["parent_results"], {"id": self.task_id})
-            return {
-                parent: {"task_name": name, "state": state, "result": _load(result),
-                         "error": error}
-                for parent, name, state, result, error in cursor.fetchall()
-            }  # fmt: skip
+            rows = cursor.fetchall()
+        return {
+            parent: {"task_name": name, "state": state,
+                     "result": _parent_result(parent, _load(result), encrypted),
+                     "error": error}
+            for parent, name, state, result, error, encrypted in rows
+        }  # fmt: skip
 
     def refresh_cancel_requested(self) -> bool:
         """Ask the database whether cancellation was requested; returns the answer."""
@@ -245,6 +258,12 @@ def _task_id(value: Any) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise InvalidTaskError(f"a task id is an int, not {value!r}")
     return value
+
+
+def _parent_result(parent: int, result: Any, encrypted: bool) -> Any:
+    if not encrypted:
+        return result
+    return encryption.open_value(result, f"the result of task {parent}")
 
 
 def _load(value: Any) -> Any:

@@ -16,10 +16,11 @@ from django.core.signals import setting_changed
 from django.db import ProgrammingError, connections, transaction
 from django.utils import timezone
 
-from django_pgqueue import tracing
+from django_pgqueue import encryption, tracing
 from django_pgqueue.conf import database_for, migrate_command
 from django_pgqueue.enqueue_cursor import enqueue_cursor
 from django_pgqueue.exceptions import InvalidTaskError, TransactionDatabaseError
+from django_pgqueue.fairness import fair_weights
 from django_pgqueue.middleware import before_enqueue
 from django_pgqueue.payload import (
     ARGS_LIMIT,
@@ -95,7 +96,8 @@ def _interval(seconds: float | None) -> timedelta | None:
 # context of the moment); every other key depends only on the task definition, its
 # options and the settings, so build_row computes it once per definition (_constant).
 # An option whose value is computed per call must be added here.
-PER_CALL = frozenset({"args", "kwargs", "metadata", "concurrency_key"})
+PER_CALL = frozenset({"args", "kwargs", "metadata", "concurrency_key", "fair_key", "fair_weight",
+                      "sequence_key"})
 _EMPTY_JSON = "{}"
 _settings_generation = 0
 
@@ -116,19 +118,33 @@ def build_row(
     leaves the task's concurrency_key function out (enqueue_many applies it per call).
 
     The options' part of the row is validated and built on a definition's first call
-    and kept on it (a ``using()`` copy is another definition); later calls check and
-    encode only their arguments and metadata. A first call that raises keeps nothing,
-    so every call with a bad option raises the same error."""
+    and kept on it (a ``using()`` copy is another definition), with whether the task
+    encrypts; later calls check and encode only their arguments and metadata (and
+    encrypt the arguments, for an encrypted task: encryption.py). A first call that
+    raises keeps nothing, so every call with a bad option raises the same error."""
     cached = definition.__dict__.get("_pgqueue_row")
     if cached is None or cached[0] != _settings_generation:
         row = _build_row(definition, args, kwargs, key_per_call=key_per_call)
+        encrypt = encryption.chosen(definition.encrypt)
+        if encrypt:  # measured in clear (MAX_ARGS_BYTES), stored sealed
+            row["args"] = encryption.seal_text(row["args"])
+            if kwargs:  # no kwargs stay {}: nothing to hide, and a Fernet call saved
+                row["kwargs"] = encryption.seal_text(row["kwargs"])
         # Stored only once the whole row validated: a cached definition's options are
         # valid, so the per-call checks below raise what _build_row would have raised.
         constant = {k: v for k, v in row.items() if k not in PER_CALL}
         constant["after"] = tuple(row["after"])
         if definition.concurrency_key is None or definition.options.concurrency_key is not None:
             constant["concurrency_key"] = row["concurrency_key"]
-        object.__setattr__(definition, "_pgqueue_row", (_settings_generation, constant))
+        if definition.fair_key is None:
+            constant["fair_key"] = constant["fair_weight"] = None
+        if definition.sequence_key is None:
+            constant["sequence_key"] = None
+        else:  # a call's state depends on its sequence key: kept as if it had none
+            constant["state"] = _state(definition.options)
+        object.__setattr__(
+            definition, "_pgqueue_row", (_settings_generation, constant, encrypt)
+        )
         return row
     if not isinstance(kwargs, dict):
         raise InvalidTaskError(f"kwargs must be a dict, not {type(kwargs).__name__}")
@@ -136,6 +152,10 @@ def build_row(
     kwargs_json = dumps(check_json(kwargs, "kwargs")) if kwargs else _EMPTY_JSON
     check_size(ARGS_LIMIT, args_json, kwargs_json)
     row = cached[1].copy()
+    if cached[2]:
+        args_json = encryption.seal_text(args_json)
+        if kwargs:
+            kwargs_json = encryption.seal_text(kwargs_json)
     row["args"] = args_json
     row["kwargs"] = kwargs_json
     trace = _trace_context()
@@ -149,6 +169,12 @@ def build_row(
     if "concurrency_key" not in row:
         key = _key_of(definition, args, kwargs) if key_per_call else None
         row["concurrency_key"] = _check_key(key, "concurrency_key")
+    if "fair_key" not in row:
+        row["fair_key"], row["fair_weight"] = _fair_key(definition, args, kwargs, key_per_call)
+    if "sequence_key" not in row:
+        row["sequence_key"] = _sequence_key(definition, args, kwargs, key_per_call)
+        if row["sequence_key"] is not None:
+            row["state"] = "waiting"  # its turn in its sequence (enqueue_keyed)
     row["after"] = list(row["after"])  # a list of its own per row
     return row
 
@@ -179,6 +205,8 @@ def _build_row(
     concurrency_key = opts.concurrency_key
     if concurrency_key is None and definition.concurrency_key is not None and key_per_call:
         concurrency_key = _key_of(definition, args, kwargs)
+    fair_key, fair_weight = _fair_key(definition, args, kwargs, key_per_call)
+    sequence_key = _sequence_key(definition, args, kwargs, key_per_call)
     return {
         "id": None,
         "queue": opts.queue or definition.queue,
@@ -189,10 +217,8 @@ def _build_row(
         "kwargs": kwargs_json,
         "run_at": run_at,
         "delay": _interval(opts.delay) or _NO_DELAY,
-        # Scheduled rows are not claimable until the stager makes them pending. Any
-        # explicit run_at counts as scheduled (the caller's clock cannot tell whether it
-        # is past by the database's); one already due is staged at the next claim.
-        "state": "scheduled" if run_at is not None or opts.delay else "pending",
+        # A sequenced call waits for its turn (its start makes it pending or scheduled).
+        "state": "waiting" if sequence_key is not None else _state(opts),
         "max_attempts": opts.max_attempts or definition.max_attempts,
         "retry_policy": _policy_json(backoff, retry_on, discard_on, opts.atomic),
         "timeout": _interval(definition.call_timeout),
@@ -200,6 +226,10 @@ def _build_row(
         "unique": unique,
         "metadata": metadata_json,
         "concurrency_key": _check_key(concurrency_key, "concurrency_key"),
+        "fair_key": fair_key,
+        "fair_weight": fair_weight,
+        "sequence_key": sequence_key,
+        "sequence_hold": definition.sequence_key is not None and definition.on_failure == "hold",
         "after": list(opts.after),
         "proceed": opts.after_failure == "run",
         # Expiry: a time, or seconds after the enqueue statement (the database's clock).
@@ -255,6 +285,63 @@ def _key_of(definition: TaskDefinition, args: Any, kwargs: dict[str, Any]) -> An
             f"{type(exc).__name__}: {exc}"
         ) from exc
     return _check_key(key, f"the key of task {definition.name!r} (its concurrency_key function)")
+
+
+def _state(opts: Any) -> str:
+    """Scheduled rows are not claimable until the stager makes them pending. Any
+    explicit run_at counts as scheduled (the caller's clock cannot tell whether it is
+    past by the database's); one already due is staged at the next claim."""
+    return "scheduled" if opts.run_at is not None or opts.delay else "pending"
+
+
+def _sequence_key(
+    definition: TaskDefinition, args: Any, kwargs: dict[str, Any], key_per_call: bool = True
+) -> str | None:
+    """A sequenced task's sequence for this call: ``using(sequence_key=...)``, else the
+    task's function's (None: this call is in no sequence). None for other tasks, and
+    for enqueue_many's shared row (``key_per_call=False``), which keys each call."""
+    if definition.sequence_key is None:
+        return None
+    if definition.options.sequence_key is not None:
+        return _check_key(definition.options.sequence_key, "sequence_key")
+    if not key_per_call:
+        return None
+    try:
+        key = definition.sequence_key(*args, **kwargs)
+    except Exception as exc:
+        raise InvalidTaskError(
+            f"the sequence_key function of task {definition.name!r} raised "
+            f"{type(exc).__name__}: {exc}"
+        ) from exc
+    return _check_key(key, f"the key of task {definition.name!r} (its sequence_key function)")
+
+
+def _fair_key(
+    definition: TaskDefinition, args: Any, kwargs: dict[str, Any], key_per_call: bool = True
+) -> tuple[str | None, float | None]:
+    """A fair task's key for this call and the weight FAIR_WEIGHTS gives it: the key
+    of ``using(fair_key=...)``, else the task's function's (the key "" when it returns
+    None: the calls without a key share one flow). (None, None) for other tasks, and
+    for enqueue_many's shared row (``key_per_call=False``), which keys each call."""
+    if definition.fair_key is None:
+        return None, None
+    key = definition.options.fair_key
+    if key is None and not key_per_call:
+        return None, None
+    if key is None:
+        try:
+            key = definition.fair_key(*args, **kwargs)
+        except Exception as exc:
+            raise InvalidTaskError(
+                f"the fair_key function of task {definition.name!r} raised "
+                f"{type(exc).__name__}: {exc}"
+            ) from exc
+        key = _check_key(key, f"the key of task {definition.name!r} (its fair_key function)")
+    else:
+        key = _check_key(key, "fair_key")
+    if key is None:
+        return "", 1.0
+    return key, fair_weights().of(key)
 
 
 _propagate: Any = None
@@ -345,7 +432,10 @@ def _insert_row(alias: str, row: dict[str, Any]) -> tuple[int, datetime]:
         return _insert_after(alias, row)
     if row["unique"] is not None:
         return _insert_unique(alias, row)
-    query = QUERIES["enqueue_unique" if row["unique_key"] else "enqueue"]
+    if row["fair_key"] is not None or row["sequence_key"] is not None:
+        query = QUERIES["enqueue_keyed"]
+    else:
+        query = QUERIES["enqueue_unique" if row["unique_key"] else "enqueue"]
     with enqueue_cursor(connections[alias]) as cursor:
         cursor.execute(query, row)
         found = cursor.fetchone()
@@ -383,7 +473,9 @@ def _insert_unique(alias: str, row: dict[str, Any]) -> tuple[int, datetime]:
             cursor.execute(QUERIES["find_unique"], find)
             found = cursor.fetchone()
             if found is None:
-                cursor.execute(QUERIES["enqueue_unique"], row)
+                keyed = row["fair_key"] is not None or row["sequence_key"] is not None
+                insert = "enqueue_keyed" if keyed else "enqueue_unique"
+                cursor.execute(QUERIES[insert], row)
                 inserted = cursor.fetchone()
                 if inserted is not None:
                     return inserted[0], inserted[1]
@@ -491,13 +583,18 @@ def enqueue_many(definition: TaskDefinition, calls: Iterable[Any]) -> list[int]:
     call's against MAX_ARGS_BYTES). With a unique_key, the
     whole batch shares it: the first call is enqueued (unless a live task holds the key;
     with on_conflict="replace", the last call, as if each replaced the one before) and
-    every position returns that task's id.
+    every position returns that task's id. An encrypted task's calls are encrypted one
+    by one (each row its own sealed args and kwargs).
     """
     shared = build_row(definition, (), {}, key_per_call=False)
     keyed = shared["concurrency_key"] is None and definition.concurrency_key is not None
+    fair = definition.fair_key is not None
+    sequenced = definition.sequence_key is not None and shared["sequence_key"] is None
     args_list: list[Any] = []
     kwargs_list: list[Any] = []
     keys_list: list[str | None] = []
+    fair_keys: list[tuple[str | None, float | None]] = []
+    sequence_keys: list[str | None] = []
     for index, item in enumerate(calls):
         args, kwargs = _split_call(item)
         try:
@@ -506,36 +603,56 @@ def enqueue_many(definition: TaskDefinition, calls: Iterable[Any]) -> list[int]:
             if keyed:
                 key = _check_key(_key_of(definition, args, kwargs), "concurrency_key")
                 keys_list.append(key)
+            if fair:
+                fair_keys.append(_fair_key(definition, args, kwargs))
+            if sequenced:
+                sequence_keys.append(_sequence_key(definition, args, kwargs))
         except InvalidTaskError as exc:
             raise InvalidTaskError(f"item {index}: {exc}") from exc
     if not args_list:
         return []
     args_json, kwargs_json = dumps(args_list), dumps(kwargs_list)
     _check_sizes(args_list, kwargs_list, args_json, kwargs_json)
+    if encryption.chosen(definition.encrypt):
+        args_list = [encryption.seal(args) for args in args_list]
+        kwargs_list = [encryption.seal(kwargs) if kwargs else kwargs for kwargs in kwargs_list]
+        args_json, kwargs_json = dumps(args_list), dumps(kwargs_list)
     alias = database_for(shared["queue"])
     check_transaction(definition, shared["queue"], alias, "enqueue_many()")
+    def one(i: int) -> dict[str, Any]:
+        """The row of call ``i`` alone (for the paths that insert calls one by one)."""
+        row = {**shared, "args": dumps(args_list[i]), "kwargs": dumps(kwargs_list[i])}
+        if keyed:
+            row["concurrency_key"] = keys_list[i]
+        if fair:
+            row["fair_key"], row["fair_weight"] = fair_keys[i]
+        if sequenced:
+            row["sequence_key"] = sequence_keys[i]
+        if row["sequence_key"] is not None:
+            row["state"] = "waiting"
+        return row
+
     if shared["after"]:
         # Each row waits on its own edges: one statement per call.
-        return [
-            _insert(alias, {**shared, "args": dumps(a), "kwargs": dumps(k),
-                            **({"concurrency_key": keys_list[i]} if keyed else {})})[0]
-            for i, (a, k) in enumerate(zip(args_list, kwargs_list, strict=True))
-        ]  # fmt: skip
+        return [_insert(alias, one(i))[0] for i in range(len(args_list))]
     if shared["unique_key"] is not None:
         pick = -1 if shared["unique"] is not None and shared["unique"].replace else 0
-        first = {**shared, "args": dumps(args_list[pick]), "kwargs": dumps(kwargs_list[pick])}
-        if keyed:
-            first["concurrency_key"] = keys_list[pick]
-        return [_insert(alias, first)[0]] * len(args_list)
+        return [_insert(alias, one(pick % len(args_list)))[0]] * len(args_list)
     params = {
         **shared,
         "args_list": args_json,
         "kwargs_list": kwargs_json,
         "keys_list": dumps(keys_list) if keyed else None,
     }
+    keyed = fair or definition.sequence_key is not None
+    if keyed:
+        params["fair_keys_list"] = dumps([key for key, _ in fair_keys]) if fair else None
+        params["fair_weights_list"] = dumps([w for _, w in fair_keys]) if fair else None
+        keys = sequence_keys if sequenced else [shared["sequence_key"]] * len(args_list)
+        params["sequence_keys_list"] = dumps(keys)
     try:
         with enqueue_cursor(connections[alias]) as cursor:
-            cursor.execute(QUERIES["enqueue_many"], params)
+            cursor.execute(QUERIES["enqueue_many_keyed" if keyed else "enqueue_many"], params)
             return [row[0] for row in cursor.fetchall()]
     except ProgrammingError as exc:
         _raise_if_not_migrated(exc, alias)

@@ -62,6 +62,14 @@ class AtomicWriteRefused(PgQueueError):
     success (docs/guarantees.md). The statement was not run."""
 
 
+class EncryptionError(PgQueueError):
+    """An encrypted task's payload could not be encrypted or decrypted: ``cryptography``
+    is not installed, ``PGQUEUE["ENCRYPTION_KEYS"]`` is empty or holds a value that is
+    not a key, or none of its keys decrypts a stored value (docs/security.md,
+    "Encrypted payloads"). An enqueue or a signal that raises it wrote nothing; a row
+    that cannot be decrypted is left as it is."""
+
+
 class HandlerSignal(Exception):
     """Base of the exceptions a handler raises to choose its outcome."""
 

@@ -265,7 +265,9 @@ def result_from_row(row: Any, task: Task | None = None) -> TaskResult:
 
     ``task`` is the registered framework Task (looked up from the registry by the row's
     task name when not given). Raises TaskResultDoesNotExist when the row was not
-    enqueued through the framework or its task is not registered in this process.
+    enqueued through the framework or its task is not registered in this process. An
+    encrypted task's args, kwargs and return value are decrypted (EncryptionError if
+    no key of ENCRYPTION_KEYS decrypts them).
     """
     if task is None:
         task = _registered_task(row)
@@ -285,14 +287,14 @@ def result_from_row(row: Any, task: Task | None = None) -> TaskResult:
         started_at=row.started_at,
         finished_at=row.finished_at,
         last_attempted_at=row.last_attempted_at,
-        args=row.args,
-        kwargs=row.kwargs,
+        args=row.cleartext("args"),
+        kwargs=row.cleartext("kwargs"),
         backend=result_task.backend,
         errors=[_task_error(entry) for entry in _recorded_errors(row)],
         worker_ids=worker_ids(row.attempt, row.worker_id, row.errors),
     )
     if row.state == "succeeded":
-        object.__setattr__(result, "_return_value", row.result)
+        object.__setattr__(result, "_return_value", row.cleartext("result"))
     return result
 
 

@@ -15,6 +15,8 @@ from django.db.models import Q
 from django.db.models.functions import Now
 from django.utils.translation import gettext_lazy as _
 
+from django_pgqueue import encryption
+
 
 class TaskState(models.TextChoices):
     # Waiting for its run_at: not claimable. Staged to pending once due (sql: stage).
@@ -94,13 +96,30 @@ class Task(models.Model):
     # claim or the stager ends it cancelled, with an Expired error. NULL: never expires.
     # A row waiting for its parents waits until then at most (wait_until).
     expires_at = models.DateTimeField(null=True, blank=True)
+    # Fair share (docs/tenants.md): the key whose flow the task belongs to (NULL: not a
+    # fair task; "" for a fair task whose key function returned None), and its place in
+    # its flow, the virtual start time the claim orders it by within its priority. Set
+    # when the row becomes due (enqueue, stage); NULL until then.
+    fair_key = models.CharField(max_length=255, null=True, blank=True)
+    fair_tag = models.FloatField(null=True, blank=True)
+    # Ordered work per key (docs/tenants.md): the tasks of one (queue, sequence_key) run
+    # one at a time, in id order; the others wait their turn ('waiting', wait_reason
+    # 'sequence'), and the pgqueue_sequence_* triggers (migration 0017) start the next
+    # when one ends. sequence_hold: a failure of this task holds its sequence
+    # (on_failure="hold"); on a failed row, that it holds it until released.
+    sequence_key = models.CharField(max_length=255, null=True, blank=True)
+    sequence_hold = models.BooleanField(db_default=False)
 
     class Meta:
         db_table = "pgqueue_task"
         ordering = ["-id"]
         # The admin's enqueue form runs any registered task with any arguments, queue
-        # and priority: a permission of its own, not Django's add_task (docs/security.md).
-        permissions = [("enqueue_task", "Can enqueue any registered task from the admin")]
+        # and priority: a permission of its own, not Django's add_task; the cleartext of
+        # encrypted tasks' payloads is one too, beyond view_task (docs/security.md).
+        permissions = [
+            ("enqueue_task", "Can enqueue any registered task from the admin"),
+            ("decrypt_task", "Can see the cleartext of encrypted tasks in the admin"),
+        ]
         indexes = [
             # The claim: an index-ordered top-N per (queue, task, version) over pending
             # rows, which are all due (scheduled rows are not in it). A claim walks only
@@ -145,6 +164,39 @@ class Task(models.Model):
                 fields=["state", "finished_at"],
                 name="pgqueue_task_retention",
                 condition=Q(state__in=["succeeded", "failed", "cancelled"]),
+            ),
+            # Fair share (docs/tenants.md): the claim of a fair route, an index-ordered
+            # top-N by priority, then virtual start time, whatever the number of keys.
+            # Only pending rows with a fair key: other tasks write nothing to it.
+            models.Index(
+                "queue",
+                "task_name",
+                "handler_version",
+                models.F("priority").desc(),
+                models.F("fair_tag").asc(nulls_first=True),
+                "id",
+                name="pgqueue_task_fair",
+                condition=Q(state="pending", fair_key__isnull=False),
+            ),
+            # The last place of one flow (route, key, priority): where a task that joins
+            # it goes (enqueue, stage). One probe per key.
+            models.Index(
+                fields=["queue", "task_name", "handler_version", "fair_key", "priority",
+                        "fair_tag"],
+                name="pgqueue_task_fair_flow",
+                condition=Q(state="pending", fair_key__isnull=False),
+            ),
+            # Sequences (docs/tenants.md): the rows of a (queue, sequence_key) that are
+            # live or hold it (a failed row with sequence_hold), in id order: whose turn
+            # is next, and which sequences are held. Rows without a key are not in it.
+            models.Index(
+                fields=["queue", "sequence_key", "id"],
+                name="pgqueue_task_sequence",
+                condition=Q(sequence_key__isnull=False)
+                & (
+                    Q(state__in=["scheduled", "pending", "running", "waiting"])
+                    | Q(state="failed", sequence_hold=True)
+                ),
             ),
             # Suspensions with a timeout, by when they time out: the stager wakes them.
             models.Index(
@@ -203,6 +255,26 @@ class Task(models.Model):
     @property
     def is_terminal(self) -> bool:
         return self.state in TERMINAL_STATES
+
+    @property
+    def encrypted(self) -> bool:
+        """Whether the task's payloads are encrypted in its row (docs/security.md,
+        "Encrypted payloads"): its args are an object then, an array otherwise."""
+        return encryption.is_encrypted(self.args)
+
+    def cleartext(self, field: str) -> Any:
+        """The value of a payload column (args, kwargs, result, checkpoint, progress,
+        signals, wake), decrypted if the task is encrypted. Raises EncryptionError when
+        no key of PGQUEUE["ENCRYPTION_KEYS"] decrypts it."""
+        if field not in encryption.PAYLOAD_COLUMNS:
+            raise ValueError(
+                f"{field!r} is not a payload column; use one of "
+                f"{', '.join(encryption.PAYLOAD_COLUMNS)}"
+            )
+        value = getattr(self, field)
+        if not self.encrypted:
+            return value
+        return encryption.open_column(field, value, f"task {self.pk}'s {field}")
 
 
 class QueueOverview(Task):
@@ -328,6 +400,30 @@ class KeyRate(models.Model):
 
     def __str__(self) -> str:
         return f"{self.queue}:{self.key}"
+
+
+class FairWeight(models.Model):
+    """A fair-share weight set at runtime (operations.set_fair_weight, the
+    ``pgqueue_fair`` command): for one key, or for every key that starts with a prefix
+    (``key`` ends with ``*``). It wins over PGQUEUE["FAIR_WEIGHTS"] for the keys it
+    matches, from the next task of those keys that becomes due (docs/tenants.md)."""
+
+    key = models.CharField(max_length=256, primary_key=True)
+    weight = models.FloatField()
+    set_at = models.DateTimeField(db_default=Now())
+
+    class Meta:
+        db_table = "pgqueue_fair_weight"
+        ordering = ["key"]
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(weight__gt=0, weight__lte=1_000_000),
+                name="pgqueue_fair_weight_range",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.key}: {self.weight:g}"
 
 
 class Worker(models.Model):

@@ -1,5 +1,5 @@
 """Operations on tasks outside the worker: read (a task, its logs), cancel, retry and
-requeue, delete, retention on demand, and the queue overview.
+requeue, delete, retention on demand, re-encryption, and the queue overview.
 
 Every write goes to the task's database: ``DATABASE``, or the alias passed as
 ``database=`` (task ids are per database: the same id can name a task on each), or,
@@ -14,17 +14,23 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Literal, TypedDict, cast
 
 import psycopg
 from django.db import IntegrityError, connections, transaction
 
-from django_pgqueue import retention
+from django_pgqueue import encryption, retention
 from django_pgqueue.archive import Archive
-from django_pgqueue.conf import database_for, get_settings, read_database
-from django_pgqueue.exceptions import InvalidTaskError, PayloadTooLarge, TaskDoesNotExist
+from django_pgqueue.conf import database_for, get_settings, queue_databases, read_database
+from django_pgqueue.exceptions import (
+    EncryptionError,
+    InvalidTaskError,
+    PayloadTooLarge,
+    TaskDoesNotExist,
+)
+from django_pgqueue.fairness import validate_pattern, validate_weight
 from django_pgqueue.payload import (
     SIGNAL_LIMIT,
     check_json,
@@ -126,7 +132,9 @@ def signal(
     A task keeps each name's last payload until it ends: a payload larger than
     ``MAX_SIGNAL_BYTES``, or a signal that would make the task's signals more than
     ``MAX_TASK_SIGNALS_BYTES`` or ``MAX_TASK_SIGNALS`` names, raises PayloadTooLarge:
-    nothing is sent."""
+    nothing is sent. An encrypted task takes the payload encrypted; where this process
+    cannot encrypt (no ENCRYPTION_KEYS), such a task raises EncryptionError: nothing is
+    sent."""
     if isinstance(task_id, bool) or not isinstance(task_id, int):
         raise InvalidTaskError(f"a task id is an int, not {short_repr(task_id)}")
     if not isinstance(name, str) or not 1 <= len(name) <= 255:
@@ -139,16 +147,42 @@ def signal(
     conf = get_settings()
     bounds = {"max_names": conf.MAX_TASK_SIGNALS, "max_bytes": conf.MAX_TASK_SIGNALS_BYTES}
     with connections[_alias(database)].cursor() as cursor:
-        cursor.execute(
-            QUERIES["signal_task"], {"id": task_id, "name": name, "payload": body, **bounds}
-        )
-        row = cursor.fetchone()
+        cursor.execute(QUERIES["task_encrypted"], {"id": task_id})
+        found = cursor.fetchone()
+        encrypted = bool(found and found[0])
+        for _ in range(2):  # a second time if the row was replaced by another kind
+            sent = _signal_payload(task_id, name, body, encrypted)
+            params = {"id": task_id, "name": name, "payload": sent, "sealed": encrypted}
+            cursor.execute(QUERIES["signal_task"], {**params, **bounds})
+            row = cursor.fetchone()
+            if row is None or row[-1] == encrypted:
+                break
+            encrypted = row[-1]
+        else:
+            raise InvalidTaskError(
+                f"signal {short_repr(name)} to task {task_id}: the task was replaced twice "
+                "while the signal was sent; nothing was sent, send it again"
+            )
     if row is None:
         return None
-    _, _, resumed, _, fits, names, size = row
+    _, _, resumed, _, fits, names, size, _ = row
     if not fits:
         raise PayloadTooLarge(_signals_too_large(task_id, name, names, size, **bounds))
     return "resumed" if resumed else "stored"
+
+
+def _signal_payload(task_id: int, name: str, body: str, encrypted: bool) -> str:
+    """The payload's JSON as the task's row takes it: sealed for an encrypted task
+    (EncryptionError, nothing sent, where this process cannot encrypt)."""
+    if not encrypted:
+        return body
+    try:
+        return encryption.seal_text(body)
+    except EncryptionError as exc:
+        raise EncryptionError(
+            f"signal {short_repr(name)} to task {task_id}: the task is encrypted, and its "
+            f"payload cannot be encrypted here: {exc}; nothing was sent"
+        ) from None
 
 
 def _signals_too_large(
@@ -203,6 +237,100 @@ def resume(queue: str, task_name: str | None = None) -> bool:
         return cursor.fetchone() is not None
 
 
+def set_fair_weight(key: str, weight: float, database: str | None = None) -> None:
+    """Give a fair-share key (or every key starting with a prefix: ``"customer:vip-*"``)
+    a weight at runtime (docs/tenants.md): it wins over PGQUEUE["FAIR_WEIGHTS"] for the
+    tasks of matching keys that become due from then on. Written on ``database``, or on
+    every database that holds queues."""
+    key, weight = _fair_weight_args(key, weight)
+    for alias in _weight_databases(database):
+        with connections[alias].cursor() as cursor:
+            cursor.execute(QUERIES["set_fair_weight"], {"key": key, "weight": weight})
+
+
+def clear_fair_weight(key: str, database: str | None = None) -> bool:
+    """Remove the runtime weight of a key or prefix (the keys fall back on
+    FAIR_WEIGHTS). False if there was none."""
+    key, _ = _fair_weight_args(key, 1)
+    cleared = False
+    for alias in _weight_databases(database):
+        with connections[alias].cursor() as cursor:
+            cursor.execute(QUERIES["clear_fair_weight"], {"key": key})
+            cleared = cursor.fetchone() is not None or cleared
+    return cleared
+
+
+def runtime_fair_weights(using: str | None = None) -> dict[str, float]:
+    """The weights set at runtime: ``{key or 'prefix*': weight}`` (on ``using``, default
+    DATABASE)."""
+    return {row[0]: row[1] for row in _fetchall("fair_weights", {}, _alias(using))}
+
+
+def fair_shares(
+    queue: str | None = None,
+    search: str | None = None,
+    limit: int = 20,
+    seconds: float = 60.0,
+    using: str | None = None,
+) -> list[dict[str, Any]]:
+    """Who is getting what (docs/tenants.md): per fair key of ``queue`` (None: every
+    queue), ``{"queue", "key", "pending", "running", "started"}``, ``started`` being the
+    tasks started within the last ``seconds`` (sampled on a busy queue, see
+    queries.sql: fair_shares), for the ``limit`` keys that started the most; ``search``
+    keeps the keys that contain it. Read from the read database unless ``using``."""
+    if queue is not None:
+        validate_queue(queue)
+    params = {"queue": queue, "search": search or None, "limit": limit, "seconds": seconds,
+              "sample": FAIR_SHARES_SAMPLE}  # fmt: skip
+    return _dicts("fair_shares", params, using)
+
+
+def release_sequence(queue: str, key: str, database: str | None = None) -> int | None:
+    """Release a sequence held by a failed task (docs/tenants.md): its next waiting task
+    starts, in this call's transaction; the failed task stays a dead letter. Returns
+    the id of the task that starts (None: none waits, or the sequence was not held).
+    Written on the queue's database (or ``database``)."""
+    validate_queue(queue)
+    check_text(key, "sequence key")
+    alias = database or database_for(queue)
+    params = {"queue": queue, "key": key}
+    with transaction.atomic(using=alias), connections[alias].cursor() as cursor:
+        cursor.execute(QUERIES["release_sequence"], params)
+        if cursor.fetchone()[0] is None:
+            return None
+        cursor.execute(QUERIES["start_sequence"], params)
+        return cursor.fetchone()[0]
+
+
+def held_sequences(
+    queue: str | None = None, search: str | None = None, limit: int = 20,
+    using: str | None = None,
+) -> list[dict[str, Any]]:  # fmt: skip
+    """The sequences a failed task holds (docs/tenants.md): ``{"queue", "key",
+    "task_id", "task_name", "finished_at", "waiting"}``, the most recently held first;
+    ``search`` keeps the keys that contain it. Read from the read database unless
+    ``using``."""
+    if queue is not None:
+        validate_queue(queue)
+    params = {"queue": queue, "search": search or None, "limit": limit}
+    return _dicts("held_sequences", params, using)
+
+
+# Ended tasks per state fair_shares reads at most to count the recent starts.
+FAIR_SHARES_SAMPLE = 10_000
+
+
+def _fair_weight_args(key: Any, weight: Any) -> tuple[str, float]:
+    try:
+        return validate_pattern(key), validate_weight(weight)
+    except ValueError as exc:
+        raise InvalidTaskError(str(exc)) from None
+
+
+def _weight_databases(database: str | None) -> list[str]:
+    return [database] if database else queue_databases()
+
+
 def pauses(using: str | None = None) -> dict[str, dict[str, Any]]:
     """Per queue with a row: ``{"paused": bool, "paused_tasks": [names], "paused_at":
     datetime | None, "rate_tat_in": float | None}`` (rate_tat_in: seconds from the
@@ -237,6 +365,7 @@ class QueueOverviewRow(TypedDict):
     waiting_parents: int
     waiting_signal: int
     waiting_child: int
+    waiting_sequence: int
     failed: int
     oldest_due_seconds: float | None
     oldest_running_seconds: float | None
@@ -248,7 +377,7 @@ class QueueOverviewRow(TypedDict):
 
 def queue_overview(using: str | None = None) -> list[QueueOverviewRow]:
     """Per (queue, task_name): pending routable / unroutable, scheduled, running,
-    waiting (and by what for: waiting_parents, waiting_signal, waiting_child; see
+    waiting (and by what for: waiting_parents, waiting_signal, waiting_child, waiting_sequence; see
     overview.WAIT_REASONS), failed (dead letters), the age in seconds of the oldest due task
     (``oldest_due_seconds``) and of the oldest running attempt, since its claim
     (``oldest_running_seconds``: a hung handler shows there; each None when there is no
@@ -511,6 +640,71 @@ def restore_archived(
                 raise
             outcomes[row["id"]] = "unique_key"
     return outcomes
+
+
+@dataclass
+class Reencrypted:
+    """What ``reencrypt`` did: ``rewritten`` rows now encrypted with the newest key,
+    ``current`` rows that already were, ``left`` the ids of rows it could not take this
+    time (running, or held by another transaction: run it again later), ``failed`` the
+    ids of rows that no key decrypts, with the reason (left as they are)."""
+
+    rewritten: int = 0
+    current: int = 0
+    left: list[int] = field(default_factory=list)
+    failed: dict[int, str] = field(default_factory=dict)
+
+
+REENCRYPT_BATCH = 500
+
+
+def reencrypt(batch: int = REENCRYPT_BATCH, database: str | None = None) -> Reencrypted:
+    """Encrypt every encrypted task's payloads again with the newest key of
+    ENCRYPTION_KEYS (its first), ``batch`` rows per transaction, walking the table by
+    id (the statements encrypted_batch and reencrypt_rows). Running rows, and rows
+    another transaction holds, are left for a later run (``left``): a worker may write
+    to them meanwhile. Raises EncryptionError at once when nothing can be encrypted
+    here (no key, no cryptography)."""
+    problem = encryption.key_problem()
+    if problem is not None:
+        raise EncryptionError(problem)
+    alias = _alias(database)
+    done = Reencrypted()
+    after = 0
+    while True:
+        with transaction.atomic(using=alias), connections[alias].cursor() as cursor:
+            cursor.execute(QUERIES["encrypted_batch"], {"after": after, "batch": batch})
+            rows = cursor.fetchall()
+            changes = [change for row in rows if (change := _reencrypted(row, done))]
+            if changes:
+                cursor.execute(QUERIES["reencrypt_rows"], {"rows": dumps(changes)})
+                done.rewritten += len(cursor.fetchall())
+        if len(rows) < batch:
+            return done
+        after = rows[-1][0]
+
+
+def _reencrypted(row: tuple, done: Reencrypted) -> dict[str, Any] | None:
+    """The changed columns of one row of encrypted_batch (with its id), or None;
+    counts the row in ``done`` when it is left, failed or current."""
+    task_id, locked, *values = row
+    if not locked:
+        done.left.append(task_id)
+        return None
+    changes = {}
+    try:
+        for column, value in zip(encryption.PAYLOAD_COLUMNS, values, strict=True):
+            loaded = json.loads(value) if isinstance(value, str) else value
+            new = encryption.rotated(column, loaded, f"task {task_id}'s {column}")
+            if new is not None:
+                changes[column] = new
+    except EncryptionError as exc:
+        done.failed[task_id] = str(exc)
+        return None
+    if not changes:
+        done.current += 1
+        return None
+    return {"id": task_id, **changes}
 
 
 def delete_stale_workers(database: str | None = None) -> list[str]:

@@ -44,12 +44,14 @@ def humanize_seconds(seconds: float | None) -> str:
 
 
 # What a waiting task waits for (its wait_reason), in words: its parents (enqueued
-# with after=, or a step of a chain, group or chord), a signal (it raised Suspend), or
-# a task it suspended on (context.wait_for). docs/workflows.md.
+# with after=, or a step of a chain, group or chord), a signal (it raised Suspend), a
+# task it suspended on (context.wait_for) (docs/workflows.md), or its turn in its
+# sequence (docs/tenants.md).
 WAIT_REASONS = {
     "parents": "its parents",
     "signal": "a signal",
     "child": "a task it waits for",
+    "sequence": "its turn in its sequence",
 }
 
 COUNTS = (

@@ -39,6 +39,7 @@ from django_pgqueue.payload import check_text, short_repr
 from django_pgqueue.retry import MAX_SECONDS, RetryPolicy, exception_names
 
 if TYPE_CHECKING:
+    from django_pgqueue.batch import BatchCall
     from django_pgqueue.context import TaskContext
     from django_pgqueue.workflows import Step
 
@@ -80,6 +81,8 @@ OPTION_NAMES = (
     "metadata",
     "commit_alias",
     "concurrency_key",
+    "fair_key",
+    "sequence_key",
     "after",
     "after_failure",
     "retry_on",
@@ -124,6 +127,8 @@ class UsingOptions(TypedDict, total=False):
     metadata: dict[str, Any]
     commit_alias: str | None
     concurrency_key: str | None
+    fair_key: str | None
+    sequence_key: str | None
     after: int | _HasId | Iterable[int | _HasId]
     after_failure: Literal["cancel", "run"]
     retry_on: type[BaseException] | tuple[type[BaseException], ...] | None
@@ -135,9 +140,8 @@ class UsingOptions(TypedDict, total=False):
     atomic: bool
 
 
-class TaskOptions(TypedDict, total=False):
-    """The options of ``@task(...)`` besides ``takes_context``, for type checkers (the
-    overloads of ``task``; tests/test_typing.py keeps them in step with its signature)."""
+class _TaskOptions(TypedDict, total=False):
+    """The options of ``@task(...)`` besides ``takes_context`` and ``batch_size``."""
 
     name: str | None
     queue: str | None
@@ -149,6 +153,10 @@ class TaskOptions(TypedDict, total=False):
     concurrency_key: Callable[..., str | None] | None
     key_concurrency: int | None
     key_rate: str | None
+    fair_key: Callable[..., str | None] | None
+    sequence_key: Callable[..., str | None] | None
+    on_failure: Literal["hold", "continue"]
+    batch_wait: float
     retry_on: type[BaseException] | tuple[type[BaseException], ...] | None
     discard_on: type[BaseException] | tuple[type[BaseException], ...]
     expires: float | timedelta | None
@@ -156,6 +164,14 @@ class TaskOptions(TypedDict, total=False):
     unique_states: Iterable[UniqueState] | None
     on_conflict: Literal["keep", "replace"] | None
     atomic: bool
+    encrypt: bool | None
+
+
+class TaskOptions(_TaskOptions, total=False):
+    """The options of ``@task(...)`` besides ``takes_context``, for type checkers (the
+    overloads of ``task``; tests/test_typing.py keeps them in step with its signature)."""
+
+    batch_size: int | None
 
 
 def validate_queue(queue: Any) -> str:
@@ -382,6 +398,13 @@ def validate_atomic(value: Any, func: Callable[..., Any]) -> bool:
     return value
 
 
+def validate_encrypt(value: Any) -> bool | None:
+    """encrypt=: True, False, or None (PGQUEUE["ENCRYPT_ALL"] decides)."""
+    if value is not None and not isinstance(value, bool):
+        raise InvalidTaskError(f"encrypt must be True, False or None, not {short_repr(value)}")
+    return value
+
+
 def _is_number(value: Any) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool)
 
@@ -402,6 +425,10 @@ class EnqueueOptions:
     metadata: dict[str, Any] = field(default_factory=dict)
     commit_alias: str | None = None
     concurrency_key: str | None = None
+    # Fair share (docs/tenants.md): this call's key, instead of the task's function's.
+    fair_key: str | None = None
+    # Ordered work (docs/tenants.md): this call's sequence, instead of the function's.
+    sequence_key: str | None = None
     # Dependencies (docs/workflows.md): the ids of the tasks this one waits for, and
     # what a parent that failed or was cancelled does to it ("cancel" or "run").
     after: tuple[int, ...] = ()
@@ -446,6 +473,22 @@ class TaskDefinition(Generic[P, R]):
     # Per-key rate (docs/limits.md): at most key_rate.count starts per key_rate.seconds
     # per (queue, key), fleet-wide (a limits.Rate; None: no rate per key).
     key_rate: Any = None
+    # Fair share (docs/tenants.md): the key of a call, computed at enqueue from its
+    # arguments (or given by using(fair_key=...)); keys share the slots of a task by
+    # their weights. None: not a fair task.
+    fair_key: Callable[..., str | None] | None = None
+    # Ordered work per key (docs/tenants.md): the sequence of a call, computed at enqueue
+    # from its arguments (or given by using(sequence_key=...)); the tasks of one
+    # sequence run one at a time, in enqueue order. None: not a sequenced task.
+    # on_failure: what a task that fails for good does to the rest of its sequence,
+    # "hold" it until released, or let it "continue".
+    sequence_key: Callable[..., str | None] | None = None
+    on_failure: str = "hold"
+    # Batch handlers (docs/tenants.md, batch.py): the function takes a list of at most
+    # batch_size calls, the due calls a worker found, or those that came within
+    # batch_wait seconds of the first. None: a task of one call.
+    batch_size: int | None = None
+    batch_wait: float = 0.0
     # Which exceptions retry (None: all) and which fail at once, as exception names
     # (module.qualname); frozen on each row at enqueue.
     retry_on: tuple[str, ...] | None = None
@@ -459,6 +502,9 @@ class TaskDefinition(Generic[P, R]):
     # The handler runs in a transaction on the task's database that also carries its
     # success, fenced by its lease (worker/atomic.py, docs/guarantees.md).
     atomic: bool = False
+    # Its payloads are encrypted in its rows (encryption.py, docs/security.md); None:
+    # as PGQUEUE["ENCRYPT_ALL"] says when the task is enqueued.
+    encrypt: bool | None = None
 
     @property
     def is_async(self) -> bool:
@@ -518,6 +564,16 @@ class TaskDefinition(Generic[P, R]):
                 "limit nothing: declare it with @task(key_concurrency=N), "
                 "@task(key_rate='N/period') or @task(concurrency_key=...)"
             )
+        if options.get("fair_key") is not None and self.fair_key is None:
+            raise InvalidTaskError(
+                f"task {self.name!r} is not a fair task, so a fair_key would share nothing: "
+                "declare it with @task(fair_key=...)"
+            )
+        if options.get("sequence_key") is not None and self.sequence_key is None:
+            raise InvalidTaskError(
+                f"task {self.name!r} is not a sequenced task, so a sequence_key would order "
+                "nothing: declare it with @task(sequence_key=...)"
+            )
         if "after" in options:
             options["after"] = validate_after(options["after"])
         for rule in ("retry_on", "discard_on"):
@@ -533,6 +589,11 @@ class TaskDefinition(Generic[P, R]):
             validate_on_conflict(options["on_conflict"])
         if "atomic" in options:
             validate_atomic(options["atomic"], self.func)
+            if options["atomic"] and self.batch_size is not None:
+                raise InvalidTaskError(
+                    f"{self.name} is a batch handler (batch_size), which does not run "
+                    "atomically: its calls' leases are settled one by one"
+                )
         if "after_failure" in options and options["after_failure"] not in AFTER_FAILURE:
             raise InvalidTaskError(
                 f"after_failure must be one of {', '.join(map(repr, AFTER_FAILURE))}, "
@@ -546,6 +607,8 @@ class TaskDefinition(Generic[P, R]):
             )
         if merged.run_at is not None and merged.delay is not None:
             raise InvalidTaskError("pass either run_at or delay, not both")
+        if self.sequence_key is not None:
+            _check_sequenced(self.name, merged)
         _check_expires_after_start(merged, self.expires)
         return replace(self, options=merged)
 
@@ -590,6 +653,25 @@ class ContextTaskDefinition(TaskDefinition[P, R]):
         self, context: TaskContext, /, *args: P.args, **kwargs: P.kwargs
     ) -> R:  # pyright: ignore[reportIncompatibleMethodOverride]
         return self.func(context, *args, **kwargs)  # type: ignore[no-any-return]
+
+
+# What a task of a sequence that fails for good does to the rest of it (docs/tenants.md).
+ON_FAILURE = ("hold", "continue")
+
+
+def _check_sequenced(name: str, options: EnqueueOptions) -> None:
+    """A sequenced task's call waits for its turn in its sequence only: not for other
+    tasks (after=), and it never takes another queued task's place (replace)."""
+    if options.after:
+        raise InvalidTaskError(
+            f"task {name!r} is a sequenced task: it waits for its turn in its sequence, "
+            "and cannot also wait for other tasks (after=)"
+        )
+    if options.on_conflict == "replace":
+        raise InvalidTaskError(
+            f"task {name!r} is a sequenced task: on_conflict='replace' would move a call "
+            "within its sequence; use on_conflict='keep'"
+        )
 
 
 def _check_expires_after_start(options: EnqueueOptions, default: float | None) -> None:
@@ -707,6 +789,12 @@ def task(func: Callable[P, R], /) -> TaskDefinition[P, R]: ...
 
 @overload
 def task(
+    *, batch_size: int, takes_context: Literal[False] = False, **options: Unpack[_TaskOptions]
+) -> Callable[[Callable[[list[BatchCall]], R]], TaskDefinition[..., R]]: ...
+
+
+@overload
+def task(
     *, takes_context: Literal[False] = False, **options: Unpack[TaskOptions]
 ) -> Callable[[Callable[P, R]], TaskDefinition[P, R]]: ...
 
@@ -738,6 +826,11 @@ def task(
     concurrency_key: Callable[..., str | None] | None = None,
     key_concurrency: int | None = None,
     key_rate: str | None = None,
+    fair_key: Callable[..., str | None] | None = None,
+    sequence_key: Callable[..., str | None] | None = None,
+    on_failure: Literal["hold", "continue"] = "hold",
+    batch_size: int | None = None,
+    batch_wait: float = 0.0,
     retry_on: type[BaseException] | tuple[type[BaseException], ...] | None = None,
     discard_on: type[BaseException] | tuple[type[BaseException], ...] = (),
     expires: float | timedelta | None = None,
@@ -745,6 +838,7 @@ def task(
     unique_states: Iterable[UniqueState] | None = None,
     on_conflict: Literal["keep", "replace"] | None = None,
     atomic: bool = False,
+    encrypt: bool | None = None,
 ) -> Any:
     """Register a function as a task: ``@task`` or ``@task(queue="emails", ...)``.
 
@@ -755,7 +849,14 @@ def task(
     ``concurrency_key`` (a function of the task's arguments returning a string or None)
     and ``key_concurrency`` (default 1, unless ``key_rate`` is given) limit how many
     tasks of one key run at once across the fleet; ``key_rate`` (``"100/m"``) how many
-    of one key start per period (docs/limits.md). ``discard_on`` (exception classes)
+    of one key start per period (docs/limits.md). ``fair_key`` (a function of the task's
+    arguments returning a string or None) makes the task fair: the keys it returns
+    share the task's slots by their weights (docs/tenants.md). ``sequence_key`` (the
+    same kind of function) orders the task: the calls of one key run one at a time, in
+    enqueue order; ``on_failure`` says what one that fails for good does to the rest,
+    "hold" them until released or "continue" (docs/tenants.md). With ``batch_size`` the
+    function takes a list of calls (``BatchCall``), at most that many, or those due
+    within ``batch_wait`` seconds of the first (docs/tenants.md). ``discard_on`` (exception classes)
     fails the task at once when its handler raises one of them; with ``retry_on``, only those retry
     and any other exception fails at once (docs/tasks.md, "Retrying by exception").
     ``expires`` (seconds) is the default expiry: a task not started that long after
@@ -765,6 +866,9 @@ def task(
     transaction on the task's database that commits with the attempt's success, and only
     while the attempt holds its lease: its writes there happen exactly once
     (docs/guarantees.md, "Exactly-once effects in the task's database").
+    ``encrypt=True`` encrypts the task's arguments, result, checkpoint, progress and
+    signal payloads in its rows with PGQUEUE["ENCRYPTION_KEYS"]; left out (None), as
+    PGQUEUE["ENCRYPT_ALL"] says (docs/security.md, "Encrypted payloads").
     """
 
     def decorate(fn: Callable[..., Any]) -> TaskDefinition[..., Any]:
@@ -781,6 +885,34 @@ def task(
                 f"arguments returning a string, not {short_repr(concurrency_key)}; pass a "
                 "fixed key per call with .using(concurrency_key=...)"
             )
+        if fair_key is not None and not callable(fair_key):
+            raise ImproperlyConfigured(
+                f"@task on {_origin(fn)}: fair_key must be a function of the task's "
+                f"arguments returning a string, not {short_repr(fair_key)}; pass a "
+                "fixed key per call with .using(fair_key=...)"
+            )
+        if sequence_key is not None and not callable(sequence_key):
+            raise ImproperlyConfigured(
+                f"@task on {_origin(fn)}: sequence_key must be a function of the task's "
+                f"arguments returning a string, not {short_repr(sequence_key)}; pass a "
+                "fixed key per call with .using(sequence_key=...)"
+            )
+        if on_failure not in ON_FAILURE:
+            raise ImproperlyConfigured(
+                f"@task on {_origin(fn)}: on_failure must be one of "
+                f"{', '.join(map(repr, ON_FAILURE))}, not {short_repr(on_failure)}"
+            )
+        if on_failure != "hold" and sequence_key is None:
+            raise ImproperlyConfigured(
+                f"@task on {_origin(fn)}: on_failure is what a failed task does to its "
+                "sequence: give the task a sequence_key too"
+            )
+        if sequence_key is not None and on_conflict == "replace":
+            raise ImproperlyConfigured(
+                f"@task on {_origin(fn)}: a sequenced task cannot replace a queued call "
+                "(on_conflict='replace' would move it within its sequence)"
+            )
+        _check_batch(fn, batch_size, batch_wait, takes_context, fair_key, sequence_key, atomic)
         rate = None
         if key_rate is not None:
             from django_pgqueue.limits import parse_rate
@@ -818,6 +950,11 @@ def task(
                 concurrency_key=concurrency_key,
                 key_concurrency=limit,
                 key_rate=rate,
+                fair_key=fair_key,
+                sequence_key=sequence_key,
+                on_failure=on_failure,
+                batch_size=batch_size,
+                batch_wait=float(batch_wait),
                 retry_on=None if retry_on is None else validate_exceptions(retry_on, "retry_on"),
                 discard_on=validate_exceptions(discard_on, "discard_on"),
                 expires=(
@@ -829,6 +966,7 @@ def task(
                 ),
                 on_conflict=None if on_conflict is None else validate_on_conflict(on_conflict),
                 atomic=validate_atomic(atomic, fn),
+                encrypt=validate_encrypt(encrypt),
             )
         except InvalidTaskError as exc:
             raise InvalidTaskError(f"@task on {_origin(fn)}: {exc}") from exc
@@ -838,6 +976,55 @@ def task(
     if func is not None:
         return decorate(func)
     return decorate
+
+
+# The largest batch a batch handler may take, and the longest wait for one (seconds).
+BATCH_SIZE_MAX = 10_000
+BATCH_WAIT_MAX = 3600.0
+
+
+def _check_batch(
+    fn: Callable[..., Any],
+    batch_size: Any,
+    batch_wait: Any,
+    takes_context: bool,
+    fair_key: Any,
+    sequence_key: Any,
+    atomic: Any = False,
+) -> None:
+    """A batch handler's options (docs/tenants.md), or ImproperlyConfigured."""
+    where = f"@task on {_origin(fn)}"
+    if batch_size is None:
+        if batch_wait != 0.0:
+            raise ImproperlyConfigured(
+                f"{where}: batch_wait is how long a batch waits to fill: give batch_size too"
+            )
+        return
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or not (
+        1 <= batch_size <= BATCH_SIZE_MAX
+    ):
+        raise ImproperlyConfigured(
+            f"{where}: batch_size must be an int from 1 to {BATCH_SIZE_MAX:,}, "
+            f"not {short_repr(batch_size)}"
+        )
+    if not _is_number(batch_wait) or not 0 <= batch_wait <= BATCH_WAIT_MAX:
+        raise ImproperlyConfigured(
+            f"{where}: batch_wait must be a number of seconds from 0 to {BATCH_WAIT_MAX:g}, "
+            f"not {short_repr(batch_wait)}"
+        )
+    refused = [
+        ("takes_context=True", takes_context),
+        ("async def", inspect.iscoroutinefunction(fn)),
+        ("fair_key", fair_key is not None),
+        ("sequence_key", sequence_key is not None),
+        ("atomic=True", atomic is True),
+    ]
+    for name, given in refused:
+        if given:
+            raise ImproperlyConfigured(
+                f"{where}: a batch handler (batch_size) cannot have {name}: it takes a list "
+                "of calls (BatchCall), each with its task's id, attempt and arguments"
+            )
 
 
 def autodiscover() -> None:

@@ -21,6 +21,9 @@ import pytest
 from django.db import connections
 
 REPO = Path(__file__).resolve().parent.parent
+# The environment of a worker whose claims are claim_plain (tests/settings.py leaves
+# out the tasks limited by key, whose routes take the full claim).
+PLAIN_CLAIM_ENV = {"PGQUEUE_TEST_PLAIN_CLAIM": "1"}
 ARTIFACTS = REPO / "test-artifacts"
 
 
@@ -94,6 +97,15 @@ def pg(db_url: str) -> Iterator[psycopg.Connection]:
         yield conn
     finally:
         conn.close()
+
+
+# Claimers parked on the test database: a parked claimer holds the PARKED advisory lock
+# (class 1885827329) of each channel it LISTENs on (queries.sql, "Wake-ups"). Advisory
+# locks are per database; pg_locks shows every database's (other test runs').
+PARKED_MARKS = (
+    "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND classid = 1885827329 "
+    "AND granted AND database = (SELECT oid FROM pg_database WHERE datname = current_database())"
+)
 
 
 def wait_until(

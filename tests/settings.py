@@ -86,6 +86,11 @@ PGQUEUE = {
         "limited_rated": {"concurrency": 2, "rate": "20/s"},
     },
 }
+# tests/conftest.py, PLAIN_CLAIM_ENV: a worker without the ledger's tasks limited by key
+# (key_concurrency, key_rate), so that its claims are claim_plain (the full claim, once
+# per starvation window).
+if os.environ.get("PGQUEUE_TEST_PLAIN_CLAIM"):
+    PGQUEUE["TASK_MODULES"].remove("tests.ledger_tasks")
 # tests/test_pgbouncer.py: workers behind a transaction pooler, with a direct address for
 # LISTEN (or without one, polling).
 if os.environ.get("PGQUEUE_TEST_TRANSACTION_POOLER"):
@@ -108,10 +113,23 @@ if "PGQUEUE_TEST_WRITE_OFF_EXIT_AFTER" in os.environ:
 # tests/test_outage.py shortens dead-connection detection in the workers it starts.
 if "PGQUEUE_TEST_DEAD_CONNECTION_TIMEOUT" in os.environ:
     PGQUEUE["DEAD_CONNECTION_TIMEOUT"] = float(os.environ["PGQUEUE_TEST_DEAD_CONNECTION_TIMEOUT"])
+# tests/test_fair.py: the many-tenants tasks, in the workers these tests start only.
+if os.environ.get("PGQUEUE_TEST_TENANTS"):
+    PGQUEUE["TASK_MODULES"].append("tests.tenant_tasks")
 # tests/test_sizes.py: its tasks, and the claim batch bound of the workers it starts.
 PGQUEUE["TASK_MODULES"].append("tests.size_tasks")
 PGQUEUE["TASK_MODULES"].append("tests.recycle_tasks")
 PGQUEUE["TASK_MODULES"].append("tests.unique_tasks")
+# tests/test_encryption.py: its tasks, and the keys of encrypted payloads (newest first;
+# test keys, nothing else uses them), which the workers it starts may be given others of.
+PGQUEUE["TASK_MODULES"].append("tests.encrypt_tasks")
+TEST_ENCRYPTION_KEY = "98AifONNE6A_AnH56jr4LB-Iwg3mqDo_cdaMGTLbJfs="
+PGQUEUE["ENCRYPTION_KEYS"] = [
+    key
+    for key in os.environ.get("PGQUEUE_TEST_ENCRYPTION_KEYS", TEST_ENCRYPTION_KEY).split(",")
+    if key
+]
+
 # tests/test_task_logs.py: its tasks, and the task logs of the workers it starts.
 PGQUEUE["TASK_MODULES"].append("tests.task_log_tasks")
 for _key in ("TASK_LOGS", "TASK_LOG_RECORDS", "TASK_LOG_BYTES", "TASK_LOG_TASK_BYTES"):
@@ -192,3 +210,11 @@ if os.environ.get("PGQUEUE_TEST_SOAK"):
     PGQUEUE["QUEUE_LIMITS"] = {"soak_limited": {"concurrency": 2}, "soak_rated": {"rate": "10/s"}}
     PGQUEUE["RESULT_TTL"] = PGQUEUE["DEAD_TTL"] = float(os.environ["PGQUEUE_TEST_SOAK"])
     PGQUEUE["PRUNE_INTERVAL"] = 2.0
+# tools/mutate_sql.py: a file of named statements (a mutant's) that replace the
+# package's, in the test process and in every worker subprocess it starts.
+if os.environ.get("PGQUEUE_TEST_QUERIES"):
+    from pathlib import Path
+
+    from django_pgqueue import sql
+
+    sql.QUERIES.update(sql._load(Path(os.environ["PGQUEUE_TEST_QUERIES"])))

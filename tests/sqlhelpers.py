@@ -11,7 +11,7 @@ import psycopg
 from django_pgqueue.registry import registry
 from django_pgqueue.sql import QUERIES
 from django_pgqueue.worker.claimed import ClaimedTask
-from django_pgqueue.worker.claimer import _fetch, claim_statement, route_params
+from django_pgqueue.worker.claimer import _fetch, claim_statement, route_params, stage_params
 
 
 def all_routes() -> list[tuple[str, int]]:
@@ -28,13 +28,16 @@ def claim(
     lease: float = 30,
     starvation: float = 3600,
     batch_bytes: int | None = None,
+    fair: bool = False,
 ) -> list[ClaimedTask]:
-    """One claim statement, as the worker's claimer runs it (after staging due rows)."""
+    """One claim statement, as the worker's claimer runs it (after staging due rows).
+    ``fair``: the routes of fair tasks are claimed as fair (as a worker does)."""
     queues = [queue] if isinstance(queue, str) else queue
-    conn.execute(QUERIES["stage"], {"queues": queues, "limit": 1000})
+    conn.execute(QUERIES["stage"], stage_params(queues, 1000))
+    fair_routes = {(d.name, d.version) for d in registry.all() if d.fair_key} if fair else None
     params = {
         **route_params(queues, all_routes() if routes is None else routes, starvation,
-                       claim_batch_bytes=batch_bytes),
+                       claim_batch_bytes=batch_bytes, fair_routes=fair_routes),
         "limit": limit,
         "token": str(uuid.uuid4()),
         "lease_seconds": lease,

@@ -12,9 +12,10 @@ from django.utils import timezone
 from psycopg.rows import class_row, tuple_row
 
 from django_pgqueue import operations, sql
+from django_pgqueue.models import Task
 from django_pgqueue.sql import QUERIES, positional
 from django_pgqueue.worker.claimed import ClaimedTask, claimed_rows
-from django_pgqueue.worker.claimer import claim_statement, route_params
+from django_pgqueue.worker.claimer import claim_statement, route_params, stage_params
 from django_pgqueue.worker.connection import connect
 from tests import tasks
 from tests.factories import TaskFactory
@@ -174,7 +175,7 @@ def test_claimed_rows_make_the_task_class_row_would(pg):
     """The worker's row factory (claimed_rows) builds each ClaimedTask field by field as
     psycopg's class_row would, and refuses columns that are not its fields."""
     task_id = tasks.noop.using(priority=7).enqueue(3)
-    pg.execute(QUERIES["stage"], {"queues": ["default"], "limit": 1000})
+    pg.execute(QUERIES["stage"], stage_params(["default"], 1000))
     params = {
         **route_params(["default"], all_routes(), 3600),
         "limit": 1,
@@ -200,6 +201,72 @@ def test_claimed_rows_make_the_task_class_row_would(pg):
         cursor.execute("SELECT 1 AS nope")
         with pytest.raises(TypeError, match=r"unknown \['nope'\]"):
             claimed_rows(cursor)((1,))
+
+
+def claim_with(pg, statement: str, limit: int = 10) -> list[int]:
+    """One claim by ``statement`` (claim or claim_plain) of the queue "default", with the
+    parameters of a lane without limits, for which both apply."""
+    params = {
+        **route_params(["default"], all_routes(), 3600),
+        "look_for_starving": False,
+        "limit": limit,
+        "token": str(uuid.uuid4()),
+        "lease_seconds": 30,
+        "worker_id": "w1",
+    }
+    return [t.id for t in sql.execute(pg, statement, params, row_factory=claimed_rows)]
+
+
+@pytest.mark.parametrize("statement", ["claim", "claim_plain"])
+def test_a_paused_queue_is_claimed_by_neither_claim_until_resumed(pg, statement):
+    ids = tasks.noop.enqueue_many(range(3))
+    operations.pause("default")
+
+    assert claim_with(pg, statement) == []
+
+    operations.resume("default")
+    assert sorted(claim_with(pg, statement)) == ids
+
+
+@pytest.mark.parametrize("statement", ["claim", "claim_plain"])
+def test_a_pause_of_another_queue_holds_back_nothing_here(pg, statement):
+    ids = tasks.noop.enqueue_many(range(3))
+    operations.pause("other")
+    operations.pause("other", tasks.noop.name)
+
+    assert sorted(claim_with(pg, statement)) == ids
+
+
+@pytest.mark.parametrize("statement", ["claim", "claim_plain"])
+def test_a_paused_task_name_is_claimed_by_neither_claim_the_rest_of_its_queue_is(
+    pg, statement
+):
+    held = tasks.noop.enqueue_many(range(2))
+    other = tasks.record.enqueue("runs")
+    operations.pause("default", tasks.noop.name)
+
+    assert claim_with(pg, statement) == [other]
+
+    operations.resume("default", tasks.noop.name)
+    assert sorted(claim_with(pg, statement)) == held
+
+
+def test_the_stager_makes_due_only_the_rows_of_the_queues_it_is_given(pg):
+    past = timezone.now() - timedelta(seconds=5)
+    mine = TaskFactory(state="scheduled", run_at=past)
+    theirs = TaskFactory(state="scheduled", run_at=past, queue="other")
+    waiting = [
+        TaskFactory(state="waiting", queue=queue, wait_reason="signal", wait_signal="go",
+                    wait_until=past)
+        for queue in ("default", "other")
+    ]  # fmt: skip
+
+    staged = pg.execute(QUERIES["stage"], {"queues": ["default"], "limit": 100}).fetchall()
+
+    assert [(q, n) for q, n, _notified, _expired in staged] == [("default", 2)]
+    states = {t.pk: t.state for t in Task.objects.all()}
+    assert (states[mine.pk], states[waiting[0].pk]) == ("pending", "pending")
+    assert (states[theirs.pk], states[waiting[1].pk]) == ("scheduled", "waiting")
 
 
 def test_the_plain_claim_takes_what_the_full_claim_takes_for_a_lane_without_limits(pg):

@@ -13,6 +13,8 @@ from __future__ import annotations
 import contextlib
 import json
 import math
+import subprocess
+import sys
 import uuid
 from datetime import timedelta
 
@@ -34,6 +36,7 @@ from django_pgqueue.sql import QUERIES
 from tests import tasks
 from tests.conftest import REPO, wait_until
 from tests.factories import TaskFactory
+from tests.pgcluster import PrivateCluster, django_env
 from tests.test_admin import staff_client  # noqa: F401 - a fixture
 from tests.test_metrics import samples
 
@@ -130,8 +133,8 @@ def test_an_inactive_replication_slot_is_reported_with_the_wal_it_keeps(pg):
 
 def test_a_forgotten_prepared_transaction_is_reported_with_its_gid(session, pg):
     (allowed,) = pg.execute("SELECT current_setting('max_prepared_transactions')::int").fetchone()
-    if allowed == 0:
-        pytest.skip("max_prepared_transactions is 0 on this server: PREPARE TRANSACTION is refused")
+    if allowed == 0:  # PREPARE TRANSACTION is refused here: the next test runs it for real
+        return
     gid = f"pgqueue-doctor-{uuid.uuid4().hex[:8]}"
     session.execute("BEGIN")
     session.execute("SELECT txid_current()")
@@ -146,6 +149,37 @@ def test_a_forgotten_prepared_transaction_is_reported_with_its_gid(session, pg):
         pg.execute(f"ROLLBACK PREPARED '{gid}'")
 
     assert finding.check == "horizon.prepared" and f"ROLLBACK PREPARED '{gid}'" in finding.fix
+
+
+@pytest.mark.slow  # starts a server of its own
+def test_pgqueue_doctor_reports_a_prepared_transaction_on_a_server_that_allows_them():
+    """The same finding through the command, on a private cluster that allows prepared
+    transactions (a default server has max_prepared_transactions = 0, and refuses them)."""
+    cluster = PrivateCluster.create(max_prepared_transactions="2")
+    try:
+        url = cluster.create_database("doctor")
+        gid = "pgqueue-doctor-forgotten"
+        with psycopg.connect(url, autocommit=True) as holder:
+            holder.execute("BEGIN")
+            holder.execute("SELECT txid_current()")
+            holder.execute(f"PREPARE TRANSACTION '{gid}'")
+        try:
+            done = subprocess.run(
+                [sys.executable, str(REPO / "manage.py"), "pgqueue_doctor", "--json",
+                 "--only", "horizon", "--transaction-age", "0.001"],
+                env=django_env(url), cwd=REPO, capture_output=True, text=True, timeout=120,
+            )  # fmt: skip
+        finally:
+            with psycopg.connect(url, autocommit=True) as conn:
+                conn.execute(f"ROLLBACK PREPARED '{gid}'")
+    finally:
+        cluster.destroy()
+
+    assert done.returncode in (1, 2), done.stderr
+    report = json.loads(done.stdout)
+    findings_ = report["findings"] if isinstance(report, dict) else report
+    [finding] = [f for f in findings_ if f["check"] == "horizon.prepared"]
+    assert finding["evidence"]["gid"] == gid and f"ROLLBACK PREPARED '{gid}'" in finding["fix"]
 
 
 # -- vacuum, bloat, the claim index ---------------------------------------------------------
@@ -372,8 +406,9 @@ def test_a_check_that_cannot_run_is_a_finding_and_the_others_still_run(session):
     out and say so; the horizon check still names the session."""
     session.execute("BEGIN")
     session.execute("LOCK TABLE pgqueue_task IN ACCESS EXCLUSIVE MODE")
+    session.execute("SELECT pg_current_xact_id()")  # as a migration's DDL would take
 
-    found_now = findings("horizon", "vacuum", statement_timeout=0.3, transaction_seconds=0.01)
+    found_now = findings("horizon", "vacuum", statement_timeout=0.3, transaction_seconds=0)
 
     [error] = [f for f in found_now if f.check == "doctor.error"]
     assert error.evidence == {"group": "vacuum"} and "statement timeout" in error.summary

@@ -25,6 +25,7 @@ from django_pgqueue.models import Task
 from django_pgqueue.periodic import periodic, schedule_registry
 from django_pgqueue.registry import registry
 from django_pgqueue.sql import QUERIES
+from django_pgqueue.worker.claimer import stage_params
 from tests import framework_tasks, rule_tasks, tasks
 from tests.sqlhelpers import claim, row, settle, success
 from tests.test_periodic import a_due_tick, enqueue_tick
@@ -149,7 +150,7 @@ def test_the_stager_cancels_an_expired_scheduled_row_instead_of_staging_it(pg):
     due = rule_tasks.expiring.using(run_at=now, expires=3600).enqueue()
     wait_past(now + timedelta(seconds=0.1))
 
-    rows = pg.execute(QUERIES["stage"], {"queues": ["default"], "limit": 100}).fetchall()
+    rows = pg.execute(QUERIES["stage"], stage_params(["default"], 100)).fetchall()
 
     assert [(queue, staged, expired) for queue, staged, _, expired in rows] == [("default", 1, 1)]
     assert row(pg, late)["state"] == "cancelled"

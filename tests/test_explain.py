@@ -15,6 +15,7 @@ from django.db import connections
 
 from django_pgqueue.limits import parse_limits
 from django_pgqueue.sql import QUERIES
+from django_pgqueue.worker.claimer import stage_params
 from django_pgqueue.worker.connection import connect
 from tests.conftest import database_url
 from tests.sqlhelpers import all_routes, route_params
@@ -160,7 +161,7 @@ def test_a_limited_claim_beside_rows_it_cannot_take_reads_what_it_reads_on_a_cle
 
 def test_under_a_scheduled_backlog_staging_and_next_due_read_one_index_entry(session):
     fill(session, "scheduled")
-    params = {"queues": ["default", "other"], "limit": 1000}
+    params = stage_params(["default", "other"], 1000)
 
     stage = analyze(session, "stage", params)
     next_due = analyze(session, "next_due", params)
@@ -228,6 +229,76 @@ def test_worker_connections_cannot_plan_a_sort_or_bitmap_scan_of_the_backlog(pg)
     )
 
     assert settings == {"enable_sort": "off", "enable_bitmapscan": "off", "jit": "off"}
+
+
+# -- fair share (docs/tenants.md) -----------------------------------------------------
+FAIR_ROWS = 100_000
+
+
+def fill_fair(conn: psycopg.Connection, keys: int) -> None:
+    """100,000 due tasks of tests.tenant_tasks.fair_job over ``keys`` keys, each key's
+    rows one step apart from the head, as enqueue_many_keyed places them."""
+    conn.execute(
+        "INSERT INTO pgqueue_task (queue, task_name, args, fair_key, fair_tag) "
+        "SELECT 'default', 'tests.tenant_tasks.fair_job', jsonb_build_array(n), "
+        "'customer:' || (n %% %(keys)s), (n / %(keys)s)::float8 "
+        "FROM generate_series(0, %(rows)s - 1) AS n",
+        {"keys": keys, "rows": FAIR_ROWS},
+    )
+    conn.execute("VACUUM ANALYZE pgqueue_task")
+
+
+def fair_params(look_for_starving: bool) -> dict:
+    from tests.tenant_tasks import fair_job
+
+    route = (fair_job.name, fair_job.version)
+    return {
+        **claim_params(),
+        **route_params(["default"], [route], 60.0, claim_batch_bytes=8 * 1024 * 1024,
+                       fair_routes={route}),
+        "look_for_starving": look_for_starving,
+    }
+
+
+@pytest.mark.parametrize("query", ["claim_fair", "claim"])
+def test_a_fair_claim_reads_as_much_with_100000_keys_as_with_one(session, query):
+    # Given 100,000 due tasks of one key, then of 100,000 keys (one each)
+    params = fair_params(look_for_starving=query == "claim")
+    fill_fair(session, keys=1)
+    analyze(session, query, params)  # warm the caches
+    one_key = analyze(session, query, params)
+    session.execute("TRUNCATE pgqueue_task")
+    fill_fair(session, keys=FAIR_ROWS)
+    analyze(session, query, params)
+    many_keys = analyze(session, query, params)
+
+    # Then a claim of 10 reads the same rows: an index-ordered top-N, not a walk of keys
+    assert one_key["Actual Rows"] == many_keys["Actual Rows"] == 10
+    scans = node_types(many_keys)
+    assert "Seq Scan pgqueue_task" not in scans, scans
+    assert rows_read(many_keys) <= rows_read(one_key) + 5, (
+        rows_read(one_key), rows_read(many_keys),
+    )  # fmt: skip
+    assert buffers(many_keys) <= 2 * buffers(one_key), (buffers(one_key), buffers(many_keys))
+
+
+def test_a_fair_enqueue_reads_two_index_entries_whatever_the_number_of_keys(session):
+    from tests.tenant_tasks import fair_job
+
+    fill_fair(session, keys=FAIR_ROWS // 2)  # two tasks per key
+    row = {
+        "id": None, "queue": "default", "task_name": fair_job.name, "handler_version": 1,
+        "priority": 0, "args": "[]", "kwargs": "{}", "run_at": None, "delay": "0",
+        "state": "pending", "max_attempts": 3, "retry_policy": "{}", "timeout": None,
+        "unique_key": None, "metadata": "{}", "concurrency_key": None, "expires_at": None,
+        "expires": None, "fair_key": "customer:7", "fair_weight": 1.0, "sequence_key": None,
+        "sequence_hold": False,
+    }  # fmt: skip
+
+    plan = analyze(session, "enqueue_keyed", row)
+
+    assert "Seq Scan pgqueue_task" not in node_types(plan)
+    assert buffers(plan) < 60, plan
 
 
 def test_prune_and_storing_task_logs_reach_them_by_index_under_a_long_history(session):

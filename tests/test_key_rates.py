@@ -24,7 +24,7 @@ from django_pgqueue.models import Task
 from django_pgqueue.registry import registry
 from django_pgqueue.sql import QUERIES
 from django_pgqueue.worker.claimed import ClaimedTask
-from django_pgqueue.worker.claimer import SNOOZE_BATCH, route_params
+from django_pgqueue.worker.claimer import SNOOZE_BATCH, route_params, stage_params
 from tests import ledger
 from tests.conftest import wait_until
 from tests.ledger_tasks import ledger_key_rated, ledger_run
@@ -101,7 +101,7 @@ def test_a_key_starts_once_per_interval_across_claimers_and_other_keys_are_not_h
     assert Task.objects.get(id=late).state == "scheduled"
     # and the rows set aside come back one by one at the key's rate
     time.sleep(0.6)
-    pg.execute(QUERIES["stage"], {"queues": ["default"], "limit": 1000})
+    pg.execute(QUERIES["stage"], stage_params(["default"], 1000))
     third, _ = claim(pg)
     assert key_of(third) == ["busy"]
     assert third[0].id == rows[0].id

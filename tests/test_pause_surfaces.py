@@ -7,7 +7,6 @@ burst of 1 and one start per 0.1 s) and "limited_rated" (concurrency 2, 20/s).
 """
 
 import json
-import time
 import uuid
 from datetime import timedelta
 from io import StringIO
@@ -26,7 +25,7 @@ from django_pgqueue.metrics import QueueCollector
 from django_pgqueue.models import Queue, Task, Worker
 from django_pgqueue.overview import build_overview
 from tests import tasks
-from tests.conftest import wait_until
+from tests.conftest import PLAIN_CLAIM_ENV, wait_until
 from tests.factories import TaskFactory
 from tests.test_metrics import scrape_collector
 from tests.testapp.models import Run
@@ -273,7 +272,7 @@ def test_a_queue_at_its_concurrency_limit_holds_back_its_due_tasks():
 
     assert group.held_by == ["concurrency"]
     assert group.totals["throttled"] == 2
-    assert group.limits == {"concurrency": 3, "rate": None}
+    assert group.limits == {"concurrency": 3, "rate": None, "latency_objective": None}
 
 
 @pytest.mark.django_db
@@ -446,10 +445,10 @@ def test_status_json_gives_each_queue_its_pause_limits_and_throttled_count():
     queues = {q["queue"]: q for q in document["queues"]}
     default, limited = queues["default"], queues["limited"]
     assert (default["paused"], default["paused_tasks"], default["throttled"]) == (True, [], 2)
-    assert default["limits"] == {"concurrency": None, "rate": None}
+    assert default["limits"] == {"concurrency": None, "rate": None, "latency_objective": None}
     assert default["held_by"] == ["paused"] and default["paused_at"]
     assert (limited["paused"], limited["paused_tasks"], limited["throttled"]) == (False, [NOOP], 0)
-    assert limited["limits"] == {"concurrency": 3, "rate": None}
+    assert limited["limits"] == {"concurrency": 3, "rate": None, "latency_objective": None}
     [row] = document["tasks"]
     assert (row["queue"], row["throttled"], row["held_by"]) == ("default", 2, ["paused"])
 
@@ -516,18 +515,25 @@ def test_a_queue_at_its_limit_is_throttled_in_the_gauges_not_starving():
 
 
 @pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("claim", ["claim", "claim_plain"])
 def test_a_worker_claims_nothing_from_a_queue_paused_by_the_command_until_it_is_resumed(
-    start_worker,
+    start_worker, claim
 ):
+    """Both claim statements honour a pause: claim, of a worker with routes limited by
+    key (the test settings' keyed tasks), and claim_plain, of a worker without them."""
     run("pgqueue_queue", "pause", "default")
     task_id = tasks.record.enqueue("after resume")
-    start_worker("--poll-interval", "0.2")
+    env = PLAIN_CLAIM_ENV if claim == "claim_plain" else None
+    start_worker("--queues", "default,other", "--poll-interval", "0.2", env=env)
 
     wait_until(
         lambda: groups()["default"].totals["throttled"] == 1,
         message="the worker to register and the task to show as throttled",
     )
-    time.sleep(1.0)  # five poll intervals: five claims that skip the paused queue
+    # A task of another queue, enqueued now, runs: a claim after the pause took it, and
+    # left the paused queue's task alone
+    sentinel = tasks.record.using(queue="other").enqueue("sentinel")
+    wait_until(lambda: Task.objects.filter(pk=sentinel, state="succeeded").exists())
     assert not Run.objects.filter(task_id=task_id).exists()
     run("pgqueue_queue", "resume", "default")
 

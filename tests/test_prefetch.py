@@ -2,7 +2,7 @@
 claims in bigger batches (fewer durable commits per task). Their leases are renewed like
 any other, and their timeouts count from their start, not from their claim."""
 
-import time
+import signal
 
 import pytest
 
@@ -14,25 +14,45 @@ from tests.testapp.models import Run
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
+def running(ids: list[int]) -> int:
+    return Task.objects.filter(pk__in=ids, state="running").count()
+
+
+def succeeded(ids: list[int]) -> int:
+    return Task.objects.filter(pk__in=ids, state="succeeded").count()
+
+
+def stopped(worker):
+    """SIGTERM: the worker stops claiming at once, lets its handlers finish, and exits."""
+    worker.signal(signal.SIGTERM)
+    assert worker.wait(60) == 0, worker.log()
+    return worker
+
+
+def stats(worker) -> dict[str, int]:
+    """The counters a stopped worker logs on its way out."""
+    line = worker.log().rsplit("stopped: ", 1)[1].splitlines()[0]
+    return {key: int(value) for key, value in (item.split("=") for item in line.split())}
+
+
 def test_a_worker_holds_its_prefetch_claimed_beyond_its_busy_slots(start_worker):
     ids = tasks.sleep_and_record.enqueue_many([(2.0,)] * 10)
 
-    start_worker("--concurrency", "2", "--prefetch", "3")
-    wait_until(lambda: Run.objects.count() == 2)
-    time.sleep(0.3)
+    worker = start_worker("--concurrency", "2", "--prefetch", "3")
+    # only the slots run handlers
+    wait_until(lambda: running(ids) == 5 and Run.objects.count() == 2)
 
-    assert Task.objects.filter(pk__in=ids, state="running").count() == 5
-    assert Run.objects.count() == 2  # only the slots run handlers
+    # and the worker, stopped now (claims stop at once), claimed those five only
+    assert stats(stopped(worker))["claimed"] == 5
 
 
 def test_without_prefetch_a_worker_claims_only_what_its_slots_can_run(start_worker):
     ids = tasks.sleep_and_record.enqueue_many([(2.0,)] * 10)
 
-    start_worker("--concurrency", "2", "--prefetch", "0")
-    wait_until(lambda: Run.objects.count() == 2)
-    time.sleep(0.3)
+    worker = start_worker("--concurrency", "2", "--prefetch", "0")
+    wait_until(lambda: running(ids) == 2 and Run.objects.count() == 2)
 
-    assert Task.objects.filter(pk__in=ids, state="running").count() == 2
+    assert stats(stopped(worker))["claimed"] == 2
 
 
 def test_a_prefetched_task_timeout_counts_from_its_start_not_its_claim(start_worker):
@@ -55,7 +75,10 @@ def test_by_default_a_worker_stops_prefetching_once_its_tasks_prove_long(start_w
     # this worker's slots while another worker might be idle (the adaptive default).
     ids = tasks.sleep_and_record.enqueue_many([(1.0,)] * 12)
     start_worker("--concurrency", "2")
+    wait_until(lambda: succeeded(ids) >= 3)
 
-    wait_until(lambda: Task.objects.filter(pk__in=ids, state="succeeded").count() >= 3)
-    time.sleep(0.2)
-    assert Task.objects.filter(pk__in=ids, state="running").count() == 2
+    def holds_only_its_slots() -> bool:
+        assert running(ids) <= 2  # at every look, until three more have run
+        return succeeded(ids) >= 6
+
+    wait_until(holds_only_its_slots, timeout=30)

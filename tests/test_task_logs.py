@@ -564,9 +564,9 @@ def test_pgqueue_status_refuses_an_unknown_task_and_logs_without_a_task():
 
 def test_a_check_warns_when_the_root_loggers_level_is_above_task_logs():
     with override_settings(PGQUEUE={"TASK_LOGS": "INFO"}):
-        messages = [m for m in check_settings(None) if m.id == "django_pgqueue.W009"]
+        messages = [m for m in check_settings(None) if m.id == "django_pgqueue.W010"]
     with override_settings(PGQUEUE={"TASK_LOGS": "WARNING"}):
-        fine = [m for m in check_settings(None) if m.id == "django_pgqueue.W009"]
+        fine = [m for m in check_settings(None) if m.id == "django_pgqueue.W010"]
 
     (message,) = messages  # the test settings leave the root logger at WARNING
     assert "TASK_LOGS is 'INFO' and the root logger's level is WARNING" in message.msg

@@ -561,3 +561,34 @@ def test_helpers_follow_a_queue_to_its_database() -> None:
         assert (result.database, result.ids) == ("queue2", [task_id])
         assert [t.state for t in result.tasks()] == ["succeeded"]
         assert len(run_tasks()) == 0  # DATABASE's queues: nothing there
+
+
+@BOTH
+def test_run_tasks_runs_the_tasks_of_a_sequence_one_after_another(mode: str) -> None:
+    from tests.tenant_tasks import ordered_job
+
+    # Given two accounts' tasks enqueued in the test (in its transaction, or committed)
+    a = ordered_job.enqueue_many([("a", 1), ("a", 2), ("a", 3)])
+    b = ordered_job.enqueue("b", 1)
+    # When the test runs what is due
+    result = run_tasks()
+    # Then each account's ran in order, each started once the one before had ended
+    assert [i for i in result.ids if i in a] == a
+    assert sorted(result.ids) == sorted([*a, b])
+    assert not Task.objects.exclude(state="succeeded").exists()
+
+
+@BOTH
+def test_run_tasks_runs_a_batch_handlers_calls_as_batches_of_one(
+    mode: str, tmp_path, monkeypatch
+) -> None:
+    from tests import ledger
+    from tests.tenant_tasks import batch_send
+
+    monkeypatch.setenv(ledger.LEDGER_ENV, str(tmp_path / "ledger.jsonl"))
+    ids = batch_send.enqueue_many([(1,), (2,)])
+
+    result = run_tasks()
+
+    assert sorted(result.ids) == ids
+    assert [run.result for run in sorted(result.runs, key=lambda r: r.id)] == [2, 4]

@@ -23,13 +23,15 @@ from django.db import connection, transaction
 from django.utils import timezone
 
 from django_pgqueue import InvalidTaskError, task
+from django_pgqueue.enqueue import build_row
 from django_pgqueue.models import Task
 from django_pgqueue.registry import registry
+from django_pgqueue.sql import QUERIES
 from tests import tasks, unique_tasks
 from tests.conftest import REPO, wait_until
 from tests.ledger import LEDGER_ENV
 from tests.pgcluster import django_env
-from tests.sqlhelpers import claim
+from tests.sqlhelpers import claim, settle
 from tests.test_explain import analyze, buffers, node_types, rows_read
 
 pytestmark = pytest.mark.django_db
@@ -169,6 +171,43 @@ def test_a_live_task_holds_its_key_even_when_enqueued_before_the_period():
     assert len(rows("digest:3")) == 1
 
 
+def into_state(pg, task_id: int, state: str) -> None:
+    """Bring the only task of queue "default" that is due, ``task_id``, to ``state`` the
+    way a worker does: its claim, and a suspension's settlement."""
+    if state in ("running", "waiting"):
+        (claimed,) = claim(pg)
+        assert claimed.id == task_id
+    if state == "waiting":
+        suspended = {
+            "id": task_id, "attempt": claimed.attempt, "token": claimed.lease_token,
+            "label": "suspended", "state": "waiting", "wait_reason": "signal",
+            "wait_signal": "go", "attempt_refund": True,
+        }
+        assert settle(pg, [suspended]) == {task_id: "waiting"}
+    assert Task.objects.get(pk=task_id).state == state
+
+
+@committed
+@pytest.mark.parametrize("options", [{}, {"unique_for": 60}], ids=["default", "unique_for"])
+@pytest.mark.parametrize("state", LIVE)
+def test_a_live_task_holds_its_key_in_every_live_state(pg, state, options):
+    # Given the key's earlier task, finished; the key's live task; and tasks of another
+    # queue, without the key and with another key, before and after it
+    old = tasks.noop.using(unique_key="sync:1").enqueue(0)
+    end(old)
+    tasks.noop.using(queue="other").enqueue(1)
+    delay = {"delay": 3600} if state == "scheduled" else {}
+    first = tasks.noop.using(unique_key="sync:1", **delay).enqueue(2)
+    into_state(pg, first, state)
+    tasks.noop.using(queue="other", unique_key="sync:2").enqueue(1)
+    enqueued_ago(first, 3600)  # before unique_for: only its live state holds the key
+    enqueued_ago(old, 7200)
+
+    # When the key is enqueued again, Then the live task comes back
+    assert tasks.noop.using(unique_key="sync:1", **options).enqueue(3) == first
+    assert [(t.id, t.state) for t in rows("sync:1")] == [(old, "succeeded"), (first, state)]
+
+
 def test_unique_states_counts_only_the_states_named():
     states = [*LIVE, "succeeded"]
     succeeded = tasks.noop.using(unique_key="once:1", unique_states=states).enqueue(1)
@@ -229,6 +268,33 @@ def test_replace_gives_the_queued_duplicate_the_new_call_and_keeps_its_id():
     assert row.run_at >= before.enqueued_at + timedelta(seconds=5)
     assert row.enqueued_at == before.enqueued_at
     assert len(rows("index:1")) == 1
+
+
+def test_replace_changes_the_duplicate_only_and_no_other_queued_task():
+    others = [
+        tasks.noop.enqueue(0),
+        tasks.noop.using(unique_key="index:other", on_conflict="replace").enqueue(0),
+    ]
+    first = tasks.noop.using(unique_key="index:5", on_conflict="replace").enqueue(1)
+
+    assert tasks.noop.using(unique_key="index:5", on_conflict="replace").enqueue(2) == first
+
+    assert Task.objects.get(pk=first).args == [2]
+    assert [Task.objects.get(pk=pk).args for pk in others] == [[0], [0]]
+
+
+@pytest.mark.parametrize("state", ["cancelled", "succeeded", "failed"])
+def test_the_replace_statement_leaves_a_duplicate_that_ended_before_it_started(state):
+    """find_unique judged the duplicate queued; if it ends before replace_unique takes
+    its row (a cancel, an expiry), the replace writes nothing and the caller keeps it."""
+    first = tasks.noop.using(unique_key="index:6", on_conflict="replace").enqueue(1)
+    Task.objects.filter(pk=first).update(state=state, finished_at=timezone.now())
+    row = build_row(tasks.noop.using(unique_key="index:6"), (2,), {})  # the new call's
+
+    with connection.cursor() as cursor:
+        cursor.execute(QUERIES["replace_unique"], {**row, "target": first})
+        assert cursor.fetchall() == []
+    assert (Task.objects.get(pk=first).state, Task.objects.get(pk=first).args) == (state, [1])
 
 
 def test_replace_of_a_scheduled_duplicate_without_a_delay_makes_it_due_now():

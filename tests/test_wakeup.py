@@ -13,14 +13,16 @@ from django.utils import timezone
 
 from django_pgqueue.models import Task
 from django_pgqueue.sql import QUERIES
+from django_pgqueue.worker.claimer import STAGE_INTERVAL
 from django_pgqueue.worker.connection import connect
 from tests import tasks
-from tests.conftest import wait_until
+from tests.conftest import PARKED_MARKS, wait_until
 from tests.testapp.models import Run
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-SLOW_POLL = ("--poll-interval", "30")
+# A worker that polls every 10 minutes: a task it starts within a test's wait was woken.
+SLOW_POLL = ("--poll-interval", "600")
 # A worker logs every counter (its statements too) at DEBUG as it stops.
 COUNTERS = ("--log-level", "DEBUG")
 
@@ -85,15 +87,13 @@ def test_a_rolled_back_enqueue_wakes_nobody(listener):
     assert Task.objects.count() == 0
 
 
-def test_an_idle_worker_starts_a_new_task_without_waiting_for_the_poll(start_worker):
+def test_an_idle_worker_starts_a_new_task_without_waiting_for_the_poll(start_worker, pg):
     start_worker(*SLOW_POLL)
-    time.sleep(0.5)  # let it find nothing and park
+    wait_until(lambda: pg.execute(PARKED_MARKS).fetchone()[0] == 1, message="worker parked")
 
     task_id = tasks.record.enqueue("wake")
-    run = wait_until(lambda: Run.objects.filter(task_id=task_id).first(), timeout=10)
 
-    waited = run.started_at - Task.objects.get(pk=task_id).enqueued_at
-    assert waited < timedelta(seconds=5)  # the poll would take 30 s
+    assert wait_until(lambda: Run.objects.filter(task_id=task_id).first(), timeout=30)
 
 
 def test_a_scheduled_task_starts_at_its_run_at_not_at_the_next_poll(start_worker):
@@ -101,10 +101,9 @@ def test_a_scheduled_task_starts_at_its_run_at_not_at_the_next_poll(start_worker
     run_at = timezone.now() + timedelta(seconds=1.5)
 
     task_id = tasks.record.using(run_at=run_at).enqueue("later")
-    run = wait_until(lambda: Run.objects.filter(task_id=task_id).first(), timeout=15)
+    run = wait_until(lambda: Run.objects.filter(task_id=task_id).first(), timeout=30)
 
     assert run.started_at >= run_at
-    assert run.started_at - run_at < timedelta(seconds=5)  # the poll would take 30 s
 
 
 def test_polling_still_finds_work_when_no_notification_arrives(start_worker, pg):
@@ -127,9 +126,12 @@ def test_each_queue_notifies_on_its_own_channel(pg):
     assert [(n.channel, n.payload) for n in pg.notifies(timeout=0.3)] == [(default, "default")]
 
 
-def test_an_idle_worker_runs_no_statement_when_tasks_arrive_in_another_queue(start_worker):
+def test_an_idle_worker_runs_no_statement_when_tasks_arrive_in_another_queue(
+    start_worker, pg
+):
     worker = start_worker("--queues", "other", *SLOW_POLL, *COUNTERS)
-    time.sleep(1.0)  # it claims once, finds nothing, and parks
+    # it claims, finds nothing, takes its parked mark, claims once more, and parks
+    wait_until(lambda: pg.execute(PARKED_MARKS).fetchone()[0] == 1, message="worker parked")
 
     for n in range(30):
         tasks.noop.enqueue(n)  # queue "default", one transaction each
@@ -141,13 +143,6 @@ def test_an_idle_worker_runs_no_statement_when_tasks_arrive_in_another_queue(sta
     # none for the 30 enqueues into another queue.
     assert int(stats["claim_statements"]) <= 4, stats
     assert int(stats["next_due_statements"]) <= 2, stats
-
-
-# Advisory locks are per database; pg_locks shows every database's (other test runs').
-PARKED_MARKS = (
-    "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND classid = 1885827329 "
-    "AND granted AND database = (SELECT oid FROM pg_database WHERE datname = current_database())"
-)
 
 
 def test_an_enqueue_notifies_only_while_a_worker_of_its_channel_is_parked(pg):
@@ -228,7 +223,7 @@ def test_a_task_committed_after_the_worker_parked_without_a_notification_runs_pr
 
     assert notifications(watcher, wait=0.1) == []  # it was woken by no notification
     watcher.close()
-    assert run.started_at - late.committed_at < timedelta(seconds=2)  # the poll: 30 s
+    assert run.started_at - late.committed_at < timedelta(seconds=2)  # the poll: 10 min
 
 
 def listen_only(conn, queues: list[str]) -> None:
@@ -236,16 +231,16 @@ def listen_only(conn, queues: list[str]) -> None:
         conn.execute(f'LISTEN "{channel}"')
 
 
-def test_a_woken_worker_with_nothing_scheduled_claims_without_staging_first(start_worker):
-    # Each wake-up comes more than the stager's interval (0.25 s) after the last one: a
-    # worker that knows nothing is scheduled claims at once, without a stage statement.
+def test_a_woken_worker_with_nothing_scheduled_claims_without_staging_first(start_worker, pg):
+    # Each wake-up comes more than the stager's interval after the last one: a worker
+    # that knows nothing is scheduled claims at once, without a stage statement.
     worker = start_worker(*SLOW_POLL, *COUNTERS)
-    time.sleep(0.5)
+    wait_until(lambda: pg.execute(PARKED_MARKS).fetchone()[0] == 1, message="worker parked")
     ids = []
     for n in range(6):
         ids.append(tasks.noop.enqueue(n))
-        time.sleep(0.3)
-    wait_until(lambda: Task.objects.filter(pk__in=ids, state="succeeded").count() == 6)
+        wait_until(lambda: Task.objects.filter(pk=ids[-1], state="succeeded").exists())
+        time.sleep(STAGE_INTERVAL + 0.05)  # not a wait for an outcome: the gap itself
 
     worker.stop()
     stats = counters(worker)

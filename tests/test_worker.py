@@ -3,13 +3,14 @@
 import signal
 import socket
 import time
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 import pytest
 from django.db.models import Max, Min
 
 from django_pgqueue import cancel, queue_overview
 from django_pgqueue.models import Task
+from django_pgqueue.operations import retry_now
 from tests import tasks
 from tests.conftest import wait_until
 from tests.factories import TaskFactory
@@ -49,10 +50,39 @@ def test_a_failing_task_is_retried_with_backoff_then_dead_lettered_with_every_er
     assert row.errors[2]["message"] == "kaput on attempt 3"
     assert "Traceback" in row.errors[0]["traceback"] and "fail_always" in row.errors[0]["traceback"]
     assert row.finished_at is not None
-    starts = list(Run.objects.filter(task_id=task_id).values_list("started_at", flat=True))
-    # Backoff frozen at enqueue: base 0.05 s doubling (tests/settings.py).
-    assert (starts[1] - starts[0]).total_seconds() >= 0.05
-    assert (starts[2] - starts[1]).total_seconds() >= 0.1
+    assert Run.objects.filter(task_id=task_id).count() == 3
+
+
+@pytest.mark.parametrize(
+    ("backoff", "spread"),
+    [({"base": 600, "factor": 3, "cap": 2000, "jitter": 0}, 0.0),
+     ({"base": 600, "factor": 3, "cap": 2000, "jitter": 0.25}, 0.25)],
+    ids=["exact", "jitter"],
+)  # fmt: skip
+def test_each_retry_is_stored_due_after_the_backoff_frozen_at_enqueue(
+    start_worker, backoff, spread
+):
+    """The delay each failure writes: run_at less the time of the settlement that wrote
+    it (the error's "at": the same statement's now()). Retried at once by hand, to see
+    the next one."""
+    task_id = tasks.fail_always.using(backoff=backoff, max_attempts=4).enqueue("kaput")
+    start_worker()
+
+    for attempt, expected in [(1, 600), (2, 1800), (3, 2000)]:
+        row = wait_until(
+            lambda attempt=attempt: Task.objects.filter(
+                pk=task_id, state="scheduled", attempt=attempt
+            ).first(),
+            message=f"the failure of attempt {attempt}",
+        )
+        (error,) = [e for e in row.errors if e["attempt"] == attempt]
+        stored = (row.run_at - datetime.fromisoformat(error["at"])).total_seconds()
+        # jsonb keeps the microseconds: "exact" is exact, "jitter" within its spread
+        assert expected * (1 - spread) - 1e-6 <= stored <= expected * (1 + spread) + 1e-6
+        assert retry_now([task_id]) == [task_id]
+
+    row = wait_until(lambda: Task.objects.filter(pk=task_id, state="failed").first())
+    assert row.attempt == 4
 
 
 def test_a_task_that_fails_then_succeeds_keeps_its_earlier_errors(start_worker):

@@ -476,8 +476,12 @@ def test_status_json_gives_waiting_by_reason_per_queue_and_per_task():
 
     queues = {q["queue"]: q for q in document["queues"]}
     assert queues["default"]["waiting"] == 5
-    assert queues["default"]["waiting_by_reason"] == {"parents": 2, "signal": 2, "child": 1}
-    assert queues["emails"]["waiting_by_reason"] == {"parents": 1, "signal": 0, "child": 0}
+    assert queues["default"]["waiting_by_reason"] == {
+        "parents": 2, "signal": 2, "child": 1, "sequence": 0,
+    }  # fmt: skip
+    assert queues["emails"]["waiting_by_reason"] == {
+        "parents": 1, "signal": 0, "child": 0, "sequence": 0,
+    }  # fmt: skip
     [signal_row] = [t for t in document["tasks"] if t["task_name"] == WAITER]
     assert (signal_row["waiting"], signal_row["waiting_signal"]) == (2, 2)
 

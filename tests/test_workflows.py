@@ -198,6 +198,18 @@ def test_a_signal_sent_before_the_task_suspends_is_not_lost(pg):
     assert row(task_id).wake["payload"] == 42
 
 
+@pytest.mark.parametrize("when", ["scheduled", "pending"])
+def test_a_signal_sent_before_the_task_starts_is_kept_for_it_alone(when):
+    options = {"delay": 3600} if when == "scheduled" else {}
+    task_id = wait_for_signal.using(**options).enqueue("approved")
+    other = wait_for_signal.enqueue("approved")
+
+    assert signal(task_id, "approved", 7) == "stored"
+
+    assert (row(task_id).state, row(task_id).signals) == (when, {"approved": 7})
+    assert row(other).signals == {}
+
+
 def test_a_signal_for_another_name_does_not_resume(pg):
     task_id = wait_for_signal.enqueue("approved")
     (claimed,) = sqlhelpers.claim(pg, 1)
@@ -239,6 +251,43 @@ def test_a_stale_worker_cannot_wait_for_a_child(pg):
         {"id": parent, "attempt": old.attempt, "token": old.lease_token, "ids": [child]},
     ).fetchall()
     assert rows == [] and Dependency.objects.count() == 0
+
+
+def test_wait_for_links_the_tasks_named_and_never_the_waiting_task_itself(pg):
+    parent = wait_for_signal.enqueue("x")
+    child = step.enqueue("child")
+    bystander = step.enqueue("bystander")
+    (me,) = [t for t in sqlhelpers.claim(pg, 3) if t.id == parent]
+
+    rows = pg.execute(
+        sqlhelpers.QUERIES["wait_for_tasks"],
+        {"id": parent, "attempt": me.attempt, "token": me.lease_token, "ids": [child, parent]},
+    ).fetchall()
+
+    assert rows == [(child,)]
+    assert list(Dependency.objects.values_list("parent_id", "child_id")) == [(child, parent)]
+    assert not row(bystander).has_dependents and not row(parent).has_dependents
+
+
+def test_one_settle_of_tasks_waiting_for_children_judges_each_by_its_own(pg):
+    """One batch: a task with two children still to run, one with one, and one whose
+    child has ended. Each waits for its own open children; the last is pending at once."""
+    parents = [wait_for_signal.enqueue(name) for name in ("two", "one", "none")]
+    claimed = sqlhelpers.claim(pg, 3)
+    assert [t.id for t in claimed] == parents
+    children = [[step.enqueue("a"), step.enqueue("b")], [step.enqueue("c")], [step.enqueue("d")]]
+    Task.objects.filter(pk=children[2][0]).update(state="succeeded")
+    for lease, ids in zip(claimed, children, strict=True):
+        pg.execute(
+            sqlhelpers.QUERIES["wait_for_tasks"],
+            {"id": lease.id, "attempt": lease.attempt, "token": lease.lease_token, "ids": ids},
+        )
+
+    settled = sqlhelpers.settle(pg, [suspension(t, None, reason="child") for t in claimed])
+
+    assert settled == dict(zip(parents, ["waiting", "waiting", "pending"], strict=True))
+    assert [row(p).parents_pending for p in parents[:2]] == [2, 1]
+    assert row(parents[2]).wake["reason"] == "child"
 
 
 def test_a_handler_waits_for_its_child_and_resumes_with_its_result(start_worker):

@@ -13,11 +13,14 @@ from django.utils import timezone
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import mark_safe
 
+from django_pgqueue import encryption
 from django_pgqueue.admin.databases import (
     request_database,
 )
 from django_pgqueue.conf import get_settings, queue_databases
+from django_pgqueue.exceptions import EncryptionError
 from django_pgqueue.models import (
+    Task,
     TaskState,
 )
 from django_pgqueue.overview import humanize_seconds
@@ -31,16 +34,23 @@ EMPTY = "-"
 # _payload and _with_payloads) and from the search by content (admin/search.py). The
 # record is always shown and searchable: operators need it to see why a task failed
 # (docs/security.md says to keep personal data out of exception messages and metadata).
-# ``wake`` is the queue's record of what woke a task, holding a signal's payload. A
+# ``wake`` is the queue's record of what woke a task, holding a signal's payload. The
+# payloads are what an encrypted task encrypts (encryption.py): such a task's are shown
+# in clear to a user with django_pgqueue.decrypt_task only, and never searched. A
 # task's log records (TASK_LOGS, in pgqueue_task_log, shown on its page) are what its
-# code wrote: payloads too, hidden through ``payloads_shown``.
-PAYLOAD_FIELDS = frozenset(
-    {"args", "kwargs", "result", "checkpoint", "progress", "signals", "wake"}
-)
+# code wrote: payloads too, hidden through ``payloads_shown`` (never encrypted).
+PAYLOAD_FIELDS = frozenset(encryption.PAYLOAD_COLUMNS)
 RECORD_FIELDS = frozenset({"errors", "executions", "retry_policy", "metadata"})
 HIDDEN = mark_safe(
     '<span class="pgqueue-hidden quiet">hidden (PGQUEUE["ADMIN_SHOW_PAYLOADS"] is False)</span>'
 )
+ENCRYPTED = mark_safe(
+    '<span class="pgqueue-hidden pgqueue-encrypted quiet">encrypted (seeing it needs the '
+    "permission django_pgqueue.decrypt_task)</span>"
+)
+# Set by the task admin on the row a page shows: whether the page's user holds
+# decrypt_task (TaskAdmin.get_object).
+MAY_DECRYPT = "pgqueue_may_decrypt"
 
 STATE_COLOURS = {
     TaskState.SCHEDULED: "#5b7f95",
@@ -75,6 +85,10 @@ def can_pause_queues(request: HttpRequest) -> bool:
     return request.user.has_perm("django_pgqueue.pause_queue")
 
 
+def can_decrypt_tasks(request: HttpRequest) -> bool:
+    return request.user.has_perm("django_pgqueue.decrypt_task")
+
+
 def _pretty_json(value: Any) -> str:
     if value is None:
         return EMPTY
@@ -89,29 +103,61 @@ def payloads_shown() -> bool:
     return get_settings().ADMIN_SHOW_PAYLOADS
 
 
-def _payload(value: Any) -> str:
-    """A payload (PAYLOAD_FIELDS, or a runtime schedule's arguments): shown as JSON, or
-    hidden with PGQUEUE['ADMIN_SHOW_PAYLOADS'] = False."""
+def _withheld(task: Task | None) -> str | None:
+    """What a page shows in place of payloads, or None when it shows them: hidden with
+    PGQUEUE['ADMIN_SHOW_PAYLOADS'] = False; an encrypted task's, unless the page's user
+    holds decrypt_task (set on the row by TaskAdmin.get_object)."""
     if not payloads_shown():
         return HIDDEN
-    return _pretty_json(value)
+    if task is not None and task.encrypted and not getattr(task, MAY_DECRYPT, False):
+        return ENCRYPTED
+    return None
 
 
-def _with_payloads(record: Any, *keys: str) -> str:
+def _payload(value: Any, task: Task | None = None, column: str = "") -> str:
+    """A payload (PAYLOAD_FIELDS of a task, or a runtime schedule's arguments): shown as
+    JSON, or withheld (``_withheld``). ``task`` and ``column``: the row and column it
+    was read from, decrypted here when the task is encrypted. The one path by which
+    the admin shows a payload."""
+    withheld = _withheld(task)
+    if withheld is ENCRYPTED and value is None:
+        return EMPTY  # an encrypted task's empty column holds nothing to withhold
+    if withheld is not None:
+        return withheld
+    opened = _opened(value, task, column)
+    if isinstance(opened, EncryptionError):
+        return format_html('<span class="pgqueue-undecryptable">{}</span>', str(opened))
+    return _pretty_json(opened)
+
+
+def _opened(value: Any, task: Task | None, column: str) -> Any:
+    """``value`` decrypted if it is a column of an encrypted task; the error instead of
+    it when no key of ENCRYPTION_KEYS decrypts it."""
+    if task is None or not task.encrypted:
+        return value
+    try:
+        return encryption.open_column(column, value, f"task {task.pk}'s {column}")
+    except EncryptionError as exc:
+        return exc
+
+
+def _with_payloads(record: Any, *keys: str, task: Task | None = None, column: str = "") -> str:
     """A JSON object of the queue's own that holds payloads under ``keys`` (a wake-up's
     signal payload, a runtime schedule's arguments): shown whole, or with those values
-    hidden. Anything but an object is hidden whole."""
+    withheld (``_withheld``). Anything but an object is withheld whole. ``task`` and
+    ``column``: as for ``_payload``."""
     if not isinstance(record, dict):
-        return _payload(record)
-    hidden = [key for key in keys if key in record]
-    if payloads_shown() or not hidden:
-        return _pretty_json(record)
-    rest = {name: value for name, value in record.items() if name not in hidden}
+        return _payload(record, task, column)
+    held = [key for key in keys if key in record]
+    withheld = _withheld(task) if held else None
+    if withheld is None:
+        return _payload(record, task, column) if held else _pretty_json(record)
+    rest = {name: value for name, value in record.items() if name not in held}
     return format_html(
         "{}{}",
         _pretty_json(rest),
         format_html_join(
-            "", '<div class="pgqueue-hidden-key">{}: {}</div>', ((k, HIDDEN) for k in hidden)
+            "", '<div class="pgqueue-hidden-key">{}: {}</div>', ((k, withheld) for k in held)
         ),
     )
 

@@ -29,6 +29,7 @@ from django_pgqueue.exceptions import InvalidTaskError
 from django_pgqueue.models import (
     Queue,
     QueueOverview,
+    Task,
 )
 from django_pgqueue.overview import build_overview, humanize_seconds, row_key
 
@@ -62,7 +63,38 @@ class QueueOverviewAdmin(admin.ModelAdmin):
             self.admin_site.admin_view(self.data_view),
             name="django_pgqueue_queueoverview_data",
         )
-        return [pause, data, *super().get_urls()]
+        release = path(
+            "release/",
+            self.admin_site.admin_view(self.release_view),
+            name="django_pgqueue_queueoverview_release",
+        )
+        return [pause, data, release, *super().get_urls()]
+
+    def release_view(self, request: HttpRequest) -> HttpResponse:
+        """The overview's Release buttons of held sequences: POST queue and key; needs
+        ``change_task`` (a release starts a task, as a retry does)."""
+        if request.method != "POST":
+            raise PermissionDenied("release a sequence with a POST")
+        if not request.user.has_perm("django_pgqueue.change_task"):
+            raise PermissionDenied("releasing a sequence needs django_pgqueue.change_task")
+        queue, key = request.POST.get("queue", ""), request.POST.get("key", "")
+        overview_url = _url(self, "queueoverview_changelist")
+        try:
+            started = operations.release_sequence(queue, key)
+        except (InvalidTaskError, ValueError) as exc:
+            messages.error(request, f"Not released: {exc}")
+            return HttpResponseRedirect(overview_url)
+        if started is None:
+            messages.warning(
+                request, f"{key} in queue {queue} was not held, or has no task waiting."
+            )
+        else:
+            messages.success(request, f"Released {key} in queue {queue}: task {started} starts.")
+            started_tasks = list(Task.objects.using(database_for(queue)).filter(pk=started))
+            LogEntry.objects.log_actions(
+                request.user.pk, started_tasks, CHANGE, f"Released sequence {key}"
+            )
+        return HttpResponseRedirect(overview_url)
 
     def data_view(self, request: HttpRequest) -> JsonResponse:
         """The overview's numbers as JSON, for the page to refresh itself in place:
@@ -136,6 +168,7 @@ class QueueOverviewAdmin(admin.ModelAdmin):
             **self.admin_site.each_context(request),
             **overview,
             "health": health_panel(),
+            **tenants_context(request.GET.get("key", "")),
             "data_url": _url(self, "queueoverview_data"),
             "title": "Queue overview",
             "opts": self.model._meta,
@@ -144,6 +177,8 @@ class QueueOverviewAdmin(admin.ModelAdmin):
             "workers_url": _url(self, "worker_changelist"),
             "can_pause": can_pause_queues(request),
             "pause_url": _url(self, "queueoverview_pause"),
+            "release_url": _url(self, "queueoverview_release"),
+            "can_release": request.user.has_perm("django_pgqueue.change_task"),
             **(extra_context or {}),
         }
         return TemplateResponse(request, "admin/django_pgqueue/overview.html", context)
@@ -179,6 +214,26 @@ def health_panel() -> dict[str, Any]:
         "counts": {s: sum(1 for f in findings if f.severity == s) for s in doctor.SEVERITIES},
         "read_ms": round((time.perf_counter() - started) * 1000, 1),
     }
+
+
+# Keys the overview's "Many tenants" section shows, and the window of its "started".
+TOP_KEYS = 20
+SHARE_SECONDS = 60.0
+
+
+def tenants_context(search: str) -> dict[str, Any]:
+    """The overview's section on keys (docs/tenants.md): the fair keys that started the
+    most in the last minute, with their share of those starts, and the sequences a
+    failed task holds (or, for both, the keys that contain ``search``); nothing when
+    there are none."""
+    search = search.strip()[:255]
+    shares = operations.fair_shares(search=search or None, limit=TOP_KEYS, seconds=SHARE_SECONDS)
+    started = sum(row["started"] for row in shares)
+    for row in shares:
+        row["share"] = round(100 * row["started"] / started) if started else 0
+    held = operations.held_sequences(search=search or None, limit=TOP_KEYS)
+    return {"key_search": search, "fair_shares": shares, "share_seconds": int(SHARE_SECONDS),
+            "held_sequences": held}  # fmt: skip
 
 
 # The counts a row of the page shows (its td[data-count]), refreshed in place.

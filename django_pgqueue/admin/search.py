@@ -16,7 +16,9 @@ search found, in that window).
 Arguments and keyword arguments are payloads (admin/common.py): with
 ``ADMIN_SHOW_PAYLOADS = False`` they are not searched (their fields are not drawn, and
 a URL that gives them is refused and searches nothing), or a search could confirm a
-value the pages hide. Metadata and errors are the queue's record, shown and searched.
+value the pages hide. Encrypted tasks' arguments (encryption.py) are never searched:
+a search by args or kwargs reads plain rows only. Metadata and errors are the queue's
+record, shown and searched.
 """
 
 from __future__ import annotations
@@ -122,6 +124,10 @@ class ContentSearchFilter(admin.ListFilter):
                 refused.append(f"{label}: null matches nothing; give a JSON value")
                 continue
             queryset = queryset.filter(**{f"{column}__contains": value})
+            if column in PAYLOAD_FIELDS:
+                # Plain rows only: an encrypted row's args are an object, and
+                # args @> '[]' holds for an array alone.
+                queryset = queryset.filter(args__contains=[])
         if ERROR_PARAMETER in terms:
             text = terms[ERROR_PARAMETER]
             if len(text) > ERROR_TEXT_MAX:

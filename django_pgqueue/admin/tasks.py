@@ -27,6 +27,7 @@ from django_pgqueue.admin.bulk import bulk_action, kept_message
 from django_pgqueue.admin.common import (
     EMPTY,
     HIDDEN,
+    MAY_DECRYPT,
     WithoutDeleteSelected,
     _payload,
     _pretty_json,
@@ -34,6 +35,7 @@ from django_pgqueue.admin.common import (
     _state_html,
     _url,
     _with_payloads,
+    can_decrypt_tasks,
     payloads_shown,
     relative_time,
 )
@@ -687,6 +689,14 @@ class TaskAdmin(WithoutDeleteSelected, ForgedInputMixin, admin.ModelAdmin):
             return False
         return super().has_delete_permission(request, obj)
 
+    def get_object(self, request: HttpRequest, object_id: str, from_field: str | None = None):
+        """The task, marked with whether this page may show its payloads in clear if it
+        is encrypted (``decrypt_task``: admin/common.py, ``_payload``)."""
+        task = super().get_object(request, object_id, from_field)
+        if task is not None and task.encrypted:
+            setattr(task, MAY_DECRYPT, can_decrypt_tasks(request))
+        return task
+
     def delete_model(self, request: HttpRequest, obj: Task) -> None:
         # State-checked at the moment of deleting, not when the page was drawn.
         if not operations.delete_finished([obj.pk], database=request_database(request)):
@@ -757,6 +767,8 @@ class TaskAdmin(WithoutDeleteSelected, ForgedInputMixin, admin.ModelAdmin):
             why = f"the signal {obj.wait_signal}"
         elif obj.wait_reason == "child":
             why = f"{obj.parents_pending} task(s) it suspended on"
+        elif obj.wait_reason == "sequence":
+            why = f"its turn in the sequence {obj.sequence_key}"
         else:
             why = obj.wait_reason or "?"
         return format_html('{}<div class="pgqueue-why">waits for {}</div>', state, why)
@@ -783,15 +795,15 @@ class TaskAdmin(WithoutDeleteSelected, ForgedInputMixin, admin.ModelAdmin):
 
     @admin.display(description="args")
     def args_display(self, obj: Task) -> str:
-        return _payload(obj.args)
+        return _payload(obj.args, obj, "args")
 
     @admin.display(description="kwargs")
     def kwargs_display(self, obj: Task) -> str:
-        return _payload(obj.kwargs)
+        return _payload(obj.kwargs, obj, "kwargs")
 
     @admin.display(description="result")
     def result_display(self, obj: Task) -> str:
-        return _payload(obj.result)
+        return _payload(obj.result, obj, "result")
 
     @admin.display(description="retry policy")
     def retry_policy_display(self, obj: Task) -> str:
@@ -799,11 +811,11 @@ class TaskAdmin(WithoutDeleteSelected, ForgedInputMixin, admin.ModelAdmin):
 
     @admin.display(description="checkpoint")
     def checkpoint_display(self, obj: Task) -> str:
-        return _payload(obj.checkpoint)
+        return _payload(obj.checkpoint, obj, "checkpoint")
 
     @admin.display(description="progress")
     def progress_display(self, obj: Task) -> str:
-        return _payload(obj.progress)
+        return _payload(obj.progress, obj, "progress")
 
     @admin.display(description="metadata")
     def metadata_display(self, obj: Task) -> str:
@@ -830,6 +842,11 @@ class TaskAdmin(WithoutDeleteSelected, ForgedInputMixin, admin.ModelAdmin):
             return format_html(
                 "{} task(s) it suspended on (<code>context.wait_for</code>) to end, listed below",
                 obj.parents_pending,
+            )
+        if obj.wait_reason == "sequence":
+            return format_html(
+                "its turn in the sequence <code>{}</code>: the tasks of the sequence enqueued "
+                "before it, one at a time", obj.sequence_key,
             )
         return obj.wait_reason or EMPTY
 
@@ -859,11 +876,11 @@ class TaskAdmin(WithoutDeleteSelected, ForgedInputMixin, admin.ModelAdmin):
 
     @admin.display(description="signals delivered")
     def signals_display(self, obj: Task) -> str:
-        return _payload(obj.signals) if obj.signals else EMPTY
+        return _payload(obj.signals, obj, "signals") if obj.signals else EMPTY
 
     @admin.display(description="woken by")
     def wake_display(self, obj: Task) -> str:
-        return _with_payloads(obj.wake, "payload")
+        return _with_payloads(obj.wake, "payload", task=obj, column="wake")
 
     @admin.display(description="lease expires")
     def lease_expires_display(self, obj: Task) -> str:

@@ -102,12 +102,12 @@ class AsyncResult:
     @property
     def args(self) -> list[Any] | None:
         row = self._row()
-        return None if row is None else decode(row.args)
+        return None if row is None else decode(row.cleartext("args"))
 
     @property
     def kwargs(self) -> dict[str, Any] | None:
         row = self._row()
-        return None if row is None else decode(row.kwargs)
+        return None if row is None else decode(row.cleartext("kwargs"))
 
     @property
     def retries(self) -> int | None:
@@ -412,7 +412,7 @@ def _refuse_inside_task() -> None:
 def _state(row: Any) -> str:
     if row is None:
         return states.PENDING
-    progress = row.progress
+    progress = row.cleartext("progress")
     if row.state == "running" and isinstance(progress, dict) and progress.get("state"):
         return str(progress["state"])
     return states.celery_state(row.state, row.attempt, row.errors)
@@ -423,13 +423,13 @@ def _result(row: Any) -> Any:
     if row is None or state == states.PENDING:
         return None
     if state == states.SUCCESS:
-        return decode(row.result)
+        return decode(row.cleartext("result"))
     if state in (states.FAILURE, states.RETRY):
         return exception_from_error(row.errors[-1]) if row.errors else None
     if state == states.REVOKED:
         message = row.errors[-1].get("message") if row.errors else None
         return TaskRevokedError(message or "revoked")
-    progress = row.progress
+    progress = row.cleartext("progress")
     return decode(progress.get("meta")) if isinstance(progress, dict) else None
 
 

@@ -700,8 +700,9 @@ def _errback_args(task: Task, context: TaskContext, parent_id: int, args: tuple)
     error = parent.errors[-1] if parent.errors else {"type": "Exception", "message": ""}
     if canvas.takes_request(task, len(args)):
         request = Request(
-            id=str(parent.id), task=parent.task_name, args=tuple(decode(parent.args)),
-            kwargs=decode(parent.kwargs), retries=max(0, parent.attempt - 1),
+            id=str(parent.id), task=parent.task_name,
+            args=tuple(decode(parent.cleartext("args"))),
+            kwargs=decode(parent.cleartext("kwargs")), retries=max(0, parent.attempt - 1),
             called_directly=False,
         )  # fmt: skip
         return (request, exception_from_error(error), error.get("traceback"), *args)

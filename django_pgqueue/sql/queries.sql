@@ -23,6 +23,13 @@
 --   pgqueue_task_unique_live UNIQUE (unique_key) WHERE unique_key IS NOT NULL AND live
 --   pgqueue_key_rate: PRIMARY KEY (queue, key): one row per key with a per-key rate
 --   pgqueue_task_unique_key (unique_key, enqueued_at)         WHERE unique_key IS NOT NULL
+--   pgqueue_task_fair       (queue, task_name, handler_version, priority DESC,
+--                            fair_tag NULLS FIRST, id)  WHERE state = 'pending'
+--                                                          AND fair_key IS NOT NULL
+--   pgqueue_task_fair_flow  (queue, task_name, handler_version, fair_key, priority,
+--                            fair_tag)                  WHERE state = 'pending'
+--                                                          AND fair_key IS NOT NULL
+--   pgqueue_fair_weight: PRIMARY KEY (key): fair-share weights set at runtime (a few rows)
 --   pgqueue_task_log: pgqueue_task_log_task (task_id, id): the log records of a task's
 --                     attempts (TASK_LOGS, store_task_logs), deleted with the task
 --
@@ -129,6 +136,88 @@ INSERT INTO pgqueue_task (
         END AS woke;
 
 
+-- name: enqueue_keyed
+-- One call of a fair or sequenced task (docs/tenants.md), in the caller's transaction:
+-- as enqueue_unique (a live duplicate of its unique_key wins; without a key nothing
+-- conflicts), with its keys.
+-- A sequenced call (a sequence_key) is inserted waiting its turn ('waiting',
+-- wait_reason 'sequence'); the pgqueue_sequence_join trigger starts it at the commit
+-- if its sequence has no head (migration 0017), and sends the wake-up then.
+-- A fair call (a fair_key) gets, when it is due now, its place in its key's flow:
+-- fair_tag, the virtual start time the claim orders it by within its priority.
+-- * The place is one step (1 / weight) after the last pending task of its flow (its
+--   route, key and priority; pgqueue_task_fair_flow, one probe), and never before the
+--   head of its line (the first pending task of its route and priority;
+--   pgqueue_task_fair, one probe); 0 when the line is empty. So keys take turns in
+--   proportion to their weights, whatever their backlogs, and a key back from an idle
+--   spell starts at the head: its turn comes at once, never as a burst of the turns it
+--   did not use. Two probes whatever the number of keys.
+-- * The weight is the key's row of pgqueue_fair_weight (the key itself, else its
+--   longest prefix 'stem*'), set at runtime, else %(fair_weight)s (FAIR_WEIGHTS, which
+--   the caller resolved). pgqueue_fair_weight holds a few rows: read whole.
+-- * Both probes are plain reads, never a lock: two enqueues of one key in concurrent
+--   transactions may get the same place. A scheduled task gets its place when it
+--   becomes due (stage).
+INSERT INTO pgqueue_task (
+    id, queue, task_name, handler_version, priority, args, kwargs, run_at, state,
+    max_attempts, retry_policy, timeout, unique_key, metadata, concurrency_key, expires_at,
+    fair_key, fair_tag, sequence_key, sequence_hold, wait_reason
+)
+    VALUES (
+        COALESCE(%(id)s, nextval('pgqueue_task_id_seq')),
+        %(queue)s::text, %(task_name)s::text, %(handler_version)s::int, %(priority)s::int,
+        %(args)s, %(kwargs)s, COALESCE(%(run_at)s, statement_timestamp() + %(delay)s),
+        %(state)s::text, %(max_attempts)s, %(retry_policy)s, %(timeout)s, %(unique_key)s,
+        %(metadata)s, %(concurrency_key)s,
+        COALESCE(%(expires_at)s, statement_timestamp() + %(expires)s),
+        %(fair_key)s::text,
+        CASE WHEN %(state)s::text = 'pending' AND %(fair_key)s::text IS NOT NULL
+             THEN COALESCE(GREATEST(
+            (SELECT h.fair_tag
+               FROM pgqueue_task AS h
+              WHERE h.state = 'pending' AND h.fair_key IS NOT NULL
+                AND h.queue = %(queue)s::text AND h.task_name = %(task_name)s::text
+                AND h.handler_version = %(handler_version)s::int
+                AND h.priority = %(priority)s::int AND h.fair_tag IS NOT NULL
+              ORDER BY h.fair_tag NULLS FIRST
+              LIMIT 1),
+            (SELECT f.fair_tag
+               FROM pgqueue_task AS f
+              WHERE f.state = 'pending' AND f.fair_key IS NOT NULL
+                AND f.queue = %(queue)s::text AND f.task_name = %(task_name)s::text
+                AND f.handler_version = %(handler_version)s::int
+                AND f.fair_key = %(fair_key)s::text AND f.priority = %(priority)s::int
+                AND f.fair_tag IS NOT NULL
+              ORDER BY f.fair_tag DESC
+              LIMIT 1)
+            + 1.0 / COALESCE(
+                (SELECT w.weight
+                   FROM pgqueue_fair_weight AS w
+                  WHERE w.key = %(fair_key)s::text
+                     OR (right(w.key, 1) = '*'
+                         AND starts_with(%(fair_key)s::text, left(w.key, -1)))
+                  ORDER BY w.key = %(fair_key)s::text DESC, length(w.key) DESC
+                  LIMIT 1),
+                %(fair_weight)s::float8)), 0) END,
+        %(sequence_key)s::text, %(sequence_hold)s::bool,
+        CASE WHEN %(sequence_key)s::text IS NOT NULL THEN 'sequence' END
+    )
+    ON CONFLICT (unique_key) WHERE unique_key IS NOT NULL
+                                AND state IN ('scheduled', 'pending', 'running', 'waiting')
+    DO NOTHING
+    RETURNING id, enqueued_at,
+        CASE -- the wake-up (see the header): notify only when a worker may be parked
+            WHEN state = 'waiting' THEN NULL -- its turn's start wakes the queue
+            WHEN NOT pg_try_advisory_xact_lock_shared(1885827328, hashtext(queue) & 63)
+                -- a claimer is checking in flight enqueues at this instant: notify
+                THEN pg_notify('pgqueue_' || (hashtext(queue) & 63), queue)::text
+            WHEN pg_try_advisory_lock(1885827329, hashtext(queue) & 63)
+                -- no claimer of this channel is parked: release the probe, no notify
+                THEN pg_advisory_unlock(1885827329, hashtext(queue) & 63)::text
+            ELSE pg_notify('pgqueue_' || (hashtext(queue) & 63), queue)::text
+        END AS woke;
+
+
 -- name: find_live_unique
 -- Uses pgqueue_task_unique_live.
 SELECT id, enqueued_at
@@ -177,12 +266,18 @@ SELECT id, enqueued_at,
 -- UPDATE goes on (READ COMMITTED re-checks the WHERE on the row as the claim left it:
 -- running, so no row returns and the caller keeps it as it is); a claim arriving while
 -- this UPDATE holds the row skips it (SKIP LOCKED) until the caller's transaction
--- ends. By primary key. Wakes the queue when the row becomes pending.
+-- ends. By primary key. Wakes the queue when the row becomes pending. A fair task
+-- (docs/tenants.md) keeps its place in its key's flow if it stays due with the same
+-- key, else it has none (NULL: the head of its line, or its place when staged).
 UPDATE pgqueue_task
    SET args = %(args)s, kwargs = %(kwargs)s, priority = %(priority)s,
        run_at = COALESCE(%(run_at)s, statement_timestamp() + %(delay)s),
-       state = %(state)s,
+       state = %(state)s::text,
        concurrency_key = %(concurrency_key)s,
+       fair_key = %(fair_key)s::text,
+       fair_tag = CASE WHEN %(state)s::text = 'pending'
+                        AND fair_key IS NOT DISTINCT FROM %(fair_key)s::text
+                       THEN fair_tag END,
        expires_at = COALESCE(%(expires_at)s, statement_timestamp() + %(expires)s)
  WHERE id = %(target)s
    AND state IN ('scheduled', 'pending')
@@ -225,6 +320,94 @@ WITH inserted AS (
     RETURNING id
 )
 SELECT id, (SELECT pg_notify('pgqueue_' || (hashtext(%(queue)s) & 63), %(queue)s)::text)
+  FROM inserted
+ ORDER BY id;
+
+
+-- name: enqueue_many_keyed
+-- enqueue_many for a fair or sequenced task (docs/tenants.md), with each call's keys as
+-- enqueue_keyed inserts them: its sequence (sequence_keys_list; NULL: none), waiting
+-- its turn, started at the commit by the pgqueue_sequence_join trigger; its fair key
+-- (fair_keys_list; NULL: none) and the weight FAIR_WEIGHTS gives it
+-- (fair_weights_list, which a pgqueue_fair_weight row of the key overrides), and, when
+-- the calls are due now, their places: as enqueue_keyed's, per key of the batch (flows: one probe of
+-- pgqueue_task_fair_flow per key, one of pgqueue_task_fair for the batch's line), then
+-- one step (1 / weight) apart within the key, in the order of the calls. A backlog of
+-- one key enqueued at once so spreads over its turns, and other keys' tasks enqueued
+-- later take theirs between them.
+WITH calls AS (
+    SELECT c.args, c.kwargs, c.key, c.fair_key, c.fair_weight::float8 AS fair_weight,
+           c.sequence_key, c.n
+      FROM ROWS FROM (jsonb_array_elements(%(args_list)s::jsonb),
+                      jsonb_array_elements(%(kwargs_list)s::jsonb),
+                      jsonb_array_elements_text(COALESCE(%(keys_list)s::jsonb, '[]')),
+                      jsonb_array_elements_text(COALESCE(%(fair_keys_list)s::jsonb, '[]')),
+                      jsonb_array_elements_text(COALESCE(%(fair_weights_list)s::jsonb, '[]')),
+                      jsonb_array_elements_text(COALESCE(%(sequence_keys_list)s::jsonb, '[]')))
+           WITH ORDINALITY AS c(args, kwargs, key, fair_key, fair_weight, sequence_key, n)
+),
+line AS MATERIALIZED (
+    SELECT (SELECT h.fair_tag
+              FROM pgqueue_task AS h
+             WHERE h.state = 'pending' AND h.fair_key IS NOT NULL
+               AND h.queue = %(queue)s::text AND h.task_name = %(task_name)s::text
+               AND h.handler_version = %(handler_version)s::int
+               AND h.priority = %(priority)s::int AND h.fair_tag IS NOT NULL
+             ORDER BY h.fair_tag NULLS FIRST
+             LIMIT 1) AS head
+),
+flows AS MATERIALIZED (
+    SELECT f.fair_key, s.step,
+           COALESCE(GREATEST(
+               (SELECT line.head FROM line),
+               (SELECT t.fair_tag
+                  FROM pgqueue_task AS t
+                 WHERE t.state = 'pending' AND t.fair_key IS NOT NULL
+                   AND t.queue = %(queue)s::text AND t.task_name = %(task_name)s::text
+                   AND t.handler_version = %(handler_version)s::int
+                   AND t.fair_key = f.fair_key AND t.priority = %(priority)s::int
+                   AND t.fair_tag IS NOT NULL
+                 ORDER BY t.fair_tag DESC
+                 LIMIT 1) + s.step), 0) AS base
+      FROM (SELECT DISTINCT fair_key, fair_weight FROM calls WHERE fair_key IS NOT NULL) AS f
+     CROSS JOIN LATERAL (
+               SELECT 1.0 / COALESCE(
+                          (SELECT w.weight
+                             FROM pgqueue_fair_weight AS w
+                            WHERE w.key = f.fair_key
+                               OR (right(w.key, 1) = '*'
+                                   AND starts_with(f.fair_key, left(w.key, -1)))
+                            ORDER BY w.key = f.fair_key DESC, length(w.key) DESC
+                            LIMIT 1),
+                          f.fair_weight) AS step
+           ) AS s
+),
+inserted AS (
+    INSERT INTO pgqueue_task (
+        queue, task_name, handler_version, priority, args, kwargs, run_at, state,
+        max_attempts, retry_policy, timeout, unique_key, metadata, concurrency_key, expires_at,
+        fair_key, fair_tag, sequence_key, sequence_hold, wait_reason
+    )
+    SELECT %(queue)s::text, %(task_name)s::text, %(handler_version)s::int, %(priority)s::int,
+           c.args, c.kwargs,
+           COALESCE(%(run_at)s, statement_timestamp() + %(delay)s),
+           CASE WHEN c.sequence_key IS NOT NULL THEN 'waiting' ELSE %(state)s::text END,
+           %(max_attempts)s, %(retry_policy)s::jsonb, %(timeout)s::interval,
+           NULL, %(metadata)s::jsonb, COALESCE(c.key, %(concurrency_key)s::text),
+           COALESCE(%(expires_at)s::timestamptz, statement_timestamp() + %(expires)s::interval),
+           c.fair_key,
+           CASE WHEN %(state)s::text = 'pending' AND c.sequence_key IS NULL
+                THEN f.base + (row_number() OVER (PARTITION BY c.fair_key ORDER BY c.n) - 1)
+                              * f.step END,
+           c.sequence_key, %(sequence_hold)s::bool,
+           CASE WHEN c.sequence_key IS NOT NULL THEN 'sequence' END
+      FROM calls AS c
+      LEFT JOIN flows AS f ON f.fair_key = c.fair_key
+     ORDER BY c.n
+    RETURNING id
+)
+SELECT id, (SELECT pg_notify('pgqueue_' || (hashtext(%(queue)s::text) & 63),
+                            %(queue)s::text)::text)
   FROM inserted
  ORDER BY id;
 
@@ -274,7 +457,11 @@ SELECT nextval('pgqueue_task_id_seq');
 --   (id, attempt, token) still names each claim uniquely.
 -- * The statement commits, durably, before any handler runs (a claim lost in a server
 --   crash would put the row back to pending while its handler runs); it returns the
---   database's now() so the handler's deadline is derived from the database's clock.
+--   database's clock so the handler's deadline is derived from it. The row's times
+--   (started_at, the lease, claimed_at) are the statement's (statement_timestamp()), not
+--   the transaction's now(): a limited claim runs in a transaction that may have waited
+--   for its queues' lock, and a task it takes may have become due (a parent's settle
+--   committed) after that transaction began.
 -- * Columns are returned by name: the worker reads them into ClaimedTask by name.
 -- * Paused queues and paused task names (pgqueue_queue, by primary key) drop out of
 --   routes: a pause is honoured by the next claim of every worker.
@@ -332,12 +519,24 @@ SELECT nextval('pgqueue_task_id_seq');
 --   the worker treats a cut batch as a full one and claims again at once, where a
 --   short batch would make it park. The rate budget (rated) is spent on the rows
 --   taken only.
+-- * Fair share (docs/tenants.md), for the routes of fair tasks (route_fair): their walk
+--   is pgqueue_task_fair, by priority, then virtual start time (fair_tag, which enqueue
+--   and stage set), an index-ordered top-N like the other routes', whatever the number
+--   of keys. Rows of all routes are then ordered by priority, then pos, their place in
+--   line: for a fair route, how far its virtual start time lies behind its route's first
+--   one here (so routes take turns), for the other routes, which together are one line,
+--   their rank by run_at. With no fair route, pos follows run_at, and the order is the
+--   plain one. The rows of a fair route without a key (enqueued by a release that did
+--   not know the task as fair) are not in pgqueue_task_fair: the plain walk of the route
+--   takes them, with them in its line, for the places its fair walk (fair_walk) left in
+--   the batch; when the fair walk fills it, that walk does not start (LIMIT 0).
 WITH routes AS (
     SELECT r.*
       FROM unnest(%(route_queues)s::text[], %(route_names)s::text[],
                   %(route_versions)s::int[], %(route_key_limits)s::int[],
-                  %(route_key_rate_intervals)s::float8[], %(route_key_rate_bursts)s::int[])
-           AS r(queue, task_name, version, key_limit, key_rate_interval, key_rate_burst)
+                  %(route_key_rate_intervals)s::float8[], %(route_key_rate_bursts)s::int[],
+                  %(route_fair)s::bool[])
+           AS r(queue, task_name, version, key_limit, key_rate_interval, key_rate_burst, fair)
      WHERE NOT EXISTS (
                SELECT 1
                  FROM pgqueue_queue AS p
@@ -426,9 +625,40 @@ escaped AS MATERIALIZED (
      LIMIT %(limit)s
        FOR NO KEY UPDATE OF t SKIP LOCKED
 ),
+fair_walk AS MATERIALIZED (
+    SELECT c.id, c.priority, c.run_at, r.queue, r.task_name, r.version, c.concurrency_key,
+           r.key_limit, c.bytes, r.key_rate_interval, r.key_rate_burst,
+           COALESCE(c.fair_tag - min(c.fair_tag) OVER (PARTITION BY r.queue, r.task_name,
+                                                                    r.version, c.priority),
+                    0) AS pos
+      FROM routes AS r
+      LEFT JOIN room AS rm ON rm.queue = r.queue
+     CROSS JOIN LATERAL (
+               SELECT t.id, t.priority, t.run_at, t.concurrency_key, t.fair_tag,
+                      pg_column_size(t.args) + pg_column_size(t.kwargs)
+                      + pg_column_size(t.metadata) + pg_column_size(t.signals)
+                      + COALESCE(pg_column_size(t.checkpoint), 0)
+                      + COALESCE(pg_column_size(t.wake), 0) AS bytes
+                 FROM pgqueue_task AS t
+                WHERE t.state = 'pending' AND t.fair_key IS NOT NULL
+                  AND t.queue = r.queue AND t.task_name = r.task_name
+                  AND t.handler_version = r.version
+                  AND t.id NOT IN (SELECT id FROM escaped)
+                  AND (r.key_limit IS NULL OR t.concurrency_key IS NULL OR NOT EXISTS (
+                          SELECT 1
+                            FROM busy_keys AS b
+                           WHERE b.queue = t.queue AND b.key = t.concurrency_key
+                             AND b.running >= r.key_limit))
+                ORDER BY t.priority DESC, t.fair_tag NULLS FIRST, t.id
+                LIMIT LEAST(%(limit)s - (SELECT count(*) FROM escaped), rm.room)
+                  FOR NO KEY UPDATE OF t SKIP LOCKED
+           ) AS c
+     WHERE r.fair
+),
 candidates AS MATERIALIZED (
     SELECT c.id, c.priority, c.run_at, r.queue, c.concurrency_key, r.key_limit, c.bytes,
-           r.key_rate_interval, r.key_rate_burst
+           r.key_rate_interval, r.key_rate_burst,
+           row_number() OVER (PARTITION BY c.priority ORDER BY c.run_at, c.id) - 1 AS pos
       FROM routes AS r
       LEFT JOIN room AS rm ON rm.queue = r.queue
      CROSS JOIN LATERAL (
@@ -441,6 +671,7 @@ candidates AS MATERIALIZED (
                 WHERE t.state = 'pending'
                   AND t.queue = r.queue AND t.task_name = r.task_name
                   AND t.handler_version = r.version
+                  AND (NOT r.fair OR t.fair_key IS NULL)
                   AND t.id NOT IN (SELECT id FROM escaped)
                   AND (r.key_limit IS NULL OR t.concurrency_key IS NULL OR NOT EXISTS (
                           SELECT 1
@@ -448,14 +679,24 @@ candidates AS MATERIALIZED (
                            WHERE b.queue = t.queue AND b.key = t.concurrency_key
                              AND b.running >= r.key_limit))
                 ORDER BY t.priority DESC, t.run_at, t.id
-                LIMIT LEAST(%(limit)s - (SELECT count(*) FROM escaped), rm.room)
+                LIMIT LEAST(%(limit)s - (SELECT count(*) FROM escaped)
+                            - CASE WHEN r.fair THEN (
+                                  SELECT count(*)
+                                    FROM fair_walk AS f
+                                   WHERE f.queue = r.queue AND f.task_name = r.task_name
+                                     AND f.version = r.version) ELSE 0 END,
+                            rm.room)
                   FOR NO KEY UPDATE OF t SKIP LOCKED
            ) AS c
+    UNION ALL
+    SELECT id, priority, run_at, queue, concurrency_key, key_limit, bytes, key_rate_interval,
+           key_rate_burst, pos
+      FROM fair_walk
 ),
 keyed AS MATERIALIZED (
     SELECT c.*,
            row_number() OVER (PARTITION BY c.queue, c.concurrency_key
-                              ORDER BY c.priority DESC, c.run_at, c.id) AS nth_of_key
+                              ORDER BY c.priority DESC, c.pos, c.run_at, c.id) AS nth_of_key
       FROM candidates AS c
 ),
 key_rates AS MATERIALIZED (
@@ -468,10 +709,10 @@ key_rates AS MATERIALIZED (
              WHERE key_rate_interval IS NOT NULL AND concurrency_key IS NOT NULL) AS c
 ),
 allowed AS MATERIALIZED (
-    SELECT k.id, k.priority, k.run_at, k.queue, k.bytes, k.concurrency_key,
+    SELECT k.id, k.priority, k.pos, k.run_at, k.queue, k.bytes, k.concurrency_key,
            k.key_rate_interval,
            row_number() OVER (PARTITION BY k.queue
-                              ORDER BY k.priority DESC, k.run_at, k.id) AS nth_of_queue
+                              ORDER BY k.priority DESC, k.pos, k.run_at, k.id) AS nth_of_queue
       FROM keyed AS k
      WHERE (k.key_limit IS NULL OR k.concurrency_key IS NULL
             OR k.nth_of_key <= k.key_limit - COALESCE((
@@ -495,8 +736,8 @@ picked AS MATERIALIZED (
       FROM allowed AS a
       LEFT JOIN room AS rm ON rm.queue = a.queue
      WHERE rm.room IS NULL OR a.nth_of_queue <= rm.room
-    WINDOW pick AS (ORDER BY a.priority DESC, a.run_at, a.id)
-     ORDER BY a.priority DESC, a.run_at, a.id
+    WINDOW pick AS (ORDER BY a.priority DESC, a.pos, a.run_at, a.id)
+     ORDER BY a.priority DESC, a.pos, a.run_at, a.id
      LIMIT %(limit)s - (SELECT count(*) FROM escaped)
 ),
 rated AS (
@@ -530,16 +771,16 @@ UPDATE pgqueue_task AS t
                           THEN NULL ELSE %(token)s::uuid END,
        lease_expires_at = CASE WHEN t.started_at IS NULL
                                     AND t.expires_at <= statement_timestamp() THEN NULL
-                               ELSE now() + make_interval(secs => %(lease_seconds)s) END,
+                               ELSE statement_timestamp() + make_interval(secs => %(lease_seconds)s) END,
        started_at = CASE WHEN t.started_at IS NULL AND t.expires_at <= statement_timestamp()
-                         THEN NULL ELSE COALESCE(t.started_at, now()) END,
+                         THEN NULL ELSE COALESCE(t.started_at, statement_timestamp()) END,
        last_attempted_at = CASE WHEN t.started_at IS NULL
                                      AND t.expires_at <= statement_timestamp()
-                                THEN t.last_attempted_at ELSE now() END,
+                                THEN t.last_attempted_at ELSE statement_timestamp() END,
        worker_id = CASE WHEN t.started_at IS NULL AND t.expires_at <= statement_timestamp()
                         THEN t.worker_id ELSE %(worker_id)s END,
        finished_at = CASE WHEN t.started_at IS NULL AND t.expires_at <= statement_timestamp()
-                          THEN now() ELSE t.finished_at END,
+                          THEN statement_timestamp() ELSE t.finished_at END,
        errors_dropped = t.errors_dropped
                         + CASE WHEN t.started_at IS NULL AND t.expires_at <= statement_timestamp()
                                THEN GREATEST(jsonb_array_length(t.errors) - 99, 0) ELSE 0 END,
@@ -554,17 +795,17 @@ UPDATE pgqueue_task AS t
                          'traceback', NULL,
                          'outcome', 'expired',
                          'worker_id', %(worker_id)s::text,
-                         'at', now()))
+                         'at', statement_timestamp()))
                      ELSE t.errors END
  WHERE t.id = ANY (ARRAY(SELECT id FROM escaped UNION ALL SELECT id FROM picked WHERE fits))
 RETURNING t.id, t.task_name, t.handler_version, t.queue, t.priority, t.args, t.kwargs,
           t.attempt, t.max_attempts, t.retry_policy::text AS retry_policy_json,
           EXTRACT(EPOCH FROM t.timeout)::float8 AS timeout, t.lease_token::text AS lease_token,
-          t.lease_expires_at, now() AS claimed_at, t.enqueued_at, t.run_at,
+          t.lease_expires_at, statement_timestamp() AS claimed_at, t.enqueued_at, t.run_at,
           t.checkpoint::text AS checkpoint_json, t.cancel_requested, t.cancel_hard,
           t.metadata::text AS metadata_json,
           NULLIF(t.signals, '{}')::text AS signals_json, t.wake::text AS wake_json,
-          t.state = 'cancelled' AS expired,
+          t.fair_key, t.state = 'cancelled' AS expired,
           (SELECT count(*) FROM picked WHERE NOT fits) AS left_out,
           (SELECT count(*) FROM keyed) - (SELECT count(*) FROM allowed) AS key_held;
 
@@ -634,16 +875,16 @@ UPDATE pgqueue_task AS t
                           THEN NULL ELSE %(token)s::uuid END,
        lease_expires_at = CASE WHEN t.started_at IS NULL
                                     AND t.expires_at <= statement_timestamp() THEN NULL
-                               ELSE now() + make_interval(secs => %(lease_seconds)s) END,
+                               ELSE statement_timestamp() + make_interval(secs => %(lease_seconds)s) END,
        started_at = CASE WHEN t.started_at IS NULL AND t.expires_at <= statement_timestamp()
-                         THEN NULL ELSE COALESCE(t.started_at, now()) END,
+                         THEN NULL ELSE COALESCE(t.started_at, statement_timestamp()) END,
        last_attempted_at = CASE WHEN t.started_at IS NULL
                                      AND t.expires_at <= statement_timestamp()
-                                THEN t.last_attempted_at ELSE now() END,
+                                THEN t.last_attempted_at ELSE statement_timestamp() END,
        worker_id = CASE WHEN t.started_at IS NULL AND t.expires_at <= statement_timestamp()
                         THEN t.worker_id ELSE %(worker_id)s END,
        finished_at = CASE WHEN t.started_at IS NULL AND t.expires_at <= statement_timestamp()
-                          THEN now() ELSE t.finished_at END,
+                          THEN statement_timestamp() ELSE t.finished_at END,
        errors_dropped = t.errors_dropped
                         + CASE WHEN t.started_at IS NULL AND t.expires_at <= statement_timestamp()
                                THEN GREATEST(jsonb_array_length(t.errors) - 99, 0) ELSE 0 END,
@@ -658,17 +899,144 @@ UPDATE pgqueue_task AS t
                          'traceback', NULL,
                          'outcome', 'expired',
                          'worker_id', %(worker_id)s::text,
-                         'at', now()))
+                         'at', statement_timestamp()))
                      ELSE t.errors END
  WHERE t.id = ANY (ARRAY(SELECT id FROM picked WHERE fits))
 RETURNING t.id, t.task_name, t.handler_version, t.queue, t.priority, t.args, t.kwargs,
           t.attempt, t.max_attempts, t.retry_policy::text AS retry_policy_json,
           EXTRACT(EPOCH FROM t.timeout)::float8 AS timeout, t.lease_token::text AS lease_token,
-          t.lease_expires_at, now() AS claimed_at, t.enqueued_at, t.run_at,
+          t.lease_expires_at, statement_timestamp() AS claimed_at, t.enqueued_at, t.run_at,
           t.checkpoint::text AS checkpoint_json, t.cancel_requested, t.cancel_hard,
           t.metadata::text AS metadata_json,
           NULLIF(t.signals, '{}')::text AS signals_json, t.wake::text AS wake_json,
-          t.state = 'cancelled' AS expired,
+          t.fair_key, t.state = 'cancelled' AS expired,
+          (SELECT count(*) FROM picked WHERE NOT fits) AS left_out,
+          0 AS key_held;
+
+
+-- name: claim_fair
+-- The claim of a worker lane with fair tasks (docs/tenants.md) and no limits, and no
+-- starvation escape looked for in this call: claim_plain, with the routes of fair tasks
+-- (route_fair) walked through pgqueue_task_fair (fair_walk: by priority, then fair_tag:
+-- an index-ordered top-N per route, whatever the number of keys) and every row ordered
+-- by priority, then its place in line (pos), as in claim, whose header explains it
+-- (and the rows of a fair route without a key): for those parameters claim reduces to
+-- this statement. The UPDATE and its RETURNING are
+-- claim_plain's (tests/test_claim.py keeps them identical, and checks that claim and
+-- this statement take the same rows).
+WITH routes AS (
+    SELECT r.*
+      FROM unnest(%(route_queues)s::text[], %(route_names)s::text[],
+                  %(route_versions)s::int[], %(route_fair)s::bool[])
+           AS r(queue, task_name, version, fair)
+     WHERE NOT EXISTS (
+               SELECT 1
+                 FROM pgqueue_queue AS p
+                WHERE p.name = r.queue
+                  AND (p.paused OR p.paused_tasks ? r.task_name))
+),
+fair_walk AS MATERIALIZED (
+    SELECT r.queue, r.task_name, r.version, c.id, c.priority, c.run_at, c.bytes,
+           COALESCE(c.fair_tag - min(c.fair_tag) OVER (PARTITION BY r.queue, r.task_name,
+                                                                    r.version, c.priority),
+                    0) AS pos
+      FROM routes AS r
+     CROSS JOIN LATERAL (
+               SELECT t.id, t.priority, t.run_at, t.fair_tag,
+                      pg_column_size(t.args) + pg_column_size(t.kwargs)
+                      + pg_column_size(t.metadata) + pg_column_size(t.signals)
+                      + COALESCE(pg_column_size(t.checkpoint), 0)
+                      + COALESCE(pg_column_size(t.wake), 0) AS bytes
+                 FROM pgqueue_task AS t
+                WHERE t.state = 'pending' AND t.fair_key IS NOT NULL
+                  AND t.queue = r.queue AND t.task_name = r.task_name
+                  AND t.handler_version = r.version
+                ORDER BY t.priority DESC, t.fair_tag NULLS FIRST, t.id
+                LIMIT %(limit)s
+                  FOR NO KEY UPDATE OF t SKIP LOCKED
+           ) AS c
+     WHERE r.fair
+),
+candidates AS MATERIALIZED (
+    SELECT c.id, c.priority, c.run_at, c.bytes,
+           row_number() OVER (PARTITION BY c.priority ORDER BY c.run_at, c.id) - 1 AS pos
+      FROM routes AS r
+     CROSS JOIN LATERAL (
+               SELECT t.id, t.priority, t.run_at,
+                      pg_column_size(t.args) + pg_column_size(t.kwargs)
+                      + pg_column_size(t.metadata) + pg_column_size(t.signals)
+                      + COALESCE(pg_column_size(t.checkpoint), 0)
+                      + COALESCE(pg_column_size(t.wake), 0) AS bytes
+                 FROM pgqueue_task AS t
+                WHERE t.state = 'pending'
+                  AND t.queue = r.queue AND t.task_name = r.task_name
+                  AND t.handler_version = r.version
+                  AND (NOT r.fair OR t.fair_key IS NULL)
+                ORDER BY t.priority DESC, t.run_at, t.id
+                LIMIT %(limit)s - CASE WHEN r.fair THEN (
+                          SELECT count(*)
+                            FROM fair_walk AS f
+                           WHERE f.queue = r.queue AND f.task_name = r.task_name
+                             AND f.version = r.version) ELSE 0 END
+                  FOR NO KEY UPDATE OF t SKIP LOCKED
+           ) AS c
+    UNION ALL
+    SELECT id, priority, run_at, bytes, pos FROM fair_walk
+),
+picked AS MATERIALIZED (
+    SELECT a.id,
+           %(claim_batch_bytes)s::bigint IS NULL
+           OR sum(a.bytes) OVER pick <= %(claim_batch_bytes)s::bigint
+           OR row_number() OVER pick = 1 AS fits
+      FROM candidates AS a
+    WINDOW pick AS (ORDER BY a.priority DESC, a.pos, a.run_at, a.id)
+     ORDER BY a.priority DESC, a.pos, a.run_at, a.id
+     LIMIT %(limit)s
+)
+UPDATE pgqueue_task AS t
+   SET state = CASE WHEN t.started_at IS NULL AND t.expires_at <= statement_timestamp()
+                    THEN 'cancelled' ELSE 'running' END,
+       attempt = CASE WHEN t.started_at IS NULL AND t.expires_at <= statement_timestamp()
+                      THEN t.attempt ELSE t.attempt + 1 END,
+       lease_token = CASE WHEN t.started_at IS NULL AND t.expires_at <= statement_timestamp()
+                          THEN NULL ELSE %(token)s::uuid END,
+       lease_expires_at = CASE WHEN t.started_at IS NULL
+                                    AND t.expires_at <= statement_timestamp() THEN NULL
+                               ELSE statement_timestamp() + make_interval(secs => %(lease_seconds)s) END,
+       started_at = CASE WHEN t.started_at IS NULL AND t.expires_at <= statement_timestamp()
+                         THEN NULL ELSE COALESCE(t.started_at, statement_timestamp()) END,
+       last_attempted_at = CASE WHEN t.started_at IS NULL
+                                     AND t.expires_at <= statement_timestamp()
+                                THEN t.last_attempted_at ELSE statement_timestamp() END,
+       worker_id = CASE WHEN t.started_at IS NULL AND t.expires_at <= statement_timestamp()
+                        THEN t.worker_id ELSE %(worker_id)s END,
+       finished_at = CASE WHEN t.started_at IS NULL AND t.expires_at <= statement_timestamp()
+                          THEN statement_timestamp() ELSE t.finished_at END,
+       errors_dropped = t.errors_dropped
+                        + CASE WHEN t.started_at IS NULL AND t.expires_at <= statement_timestamp()
+                               THEN GREATEST(jsonb_array_length(t.errors) - 99, 0) ELSE 0 END,
+       errors = CASE WHEN t.started_at IS NULL AND t.expires_at <= statement_timestamp()
+                     THEN jsonb_path_query_array(t.errors, '$[last - 98 to last]') || jsonb_build_array(jsonb_build_object(
+                         'attempt', t.attempt,
+                         'type', 'Expired',
+                         'message', 'expired at '
+                                    || to_char(t.expires_at AT TIME ZONE 'UTC',
+                                               'YYYY-MM-DD"T"HH24:MI:SS.MS"Z"')
+                                    || ', before it started',
+                         'traceback', NULL,
+                         'outcome', 'expired',
+                         'worker_id', %(worker_id)s::text,
+                         'at', statement_timestamp()))
+                     ELSE t.errors END
+ WHERE t.id = ANY (ARRAY(SELECT id FROM picked WHERE fits))
+RETURNING t.id, t.task_name, t.handler_version, t.queue, t.priority, t.args, t.kwargs,
+          t.attempt, t.max_attempts, t.retry_policy::text AS retry_policy_json,
+          EXTRACT(EPOCH FROM t.timeout)::float8 AS timeout, t.lease_token::text AS lease_token,
+          t.lease_expires_at, statement_timestamp() AS claimed_at, t.enqueued_at, t.run_at,
+          t.checkpoint::text AS checkpoint_json, t.cancel_requested, t.cancel_hard,
+          t.metadata::text AS metadata_json,
+          NULLIF(t.signals, '{}')::text AS signals_json, t.wake::text AS wake_json,
+          t.fair_key, t.state = 'cancelled' AS expired,
           (SELECT count(*) FROM picked WHERE NOT fits) AS left_out,
           0 AS key_held;
 
@@ -682,7 +1050,7 @@ SELECT t.id, t.task_name, t.handler_version, t.queue, t.priority, t.args, t.kwar
        t.lease_expires_at, t.last_attempted_at AS claimed_at, t.enqueued_at, t.run_at,
        t.checkpoint::text AS checkpoint_json, t.cancel_requested, t.cancel_hard,
        t.metadata::text AS metadata_json,
-       NULLIF(t.signals, '{}')::text AS signals_json, t.wake::text AS wake_json
+       NULLIF(t.signals, '{}')::text AS signals_json, t.wake::text AS wake_json, t.fair_key
   FROM pgqueue_task AS t
  WHERE t.state = 'running'
    AND t.lease_token = ANY (%(tokens)s::uuid[]);
@@ -704,6 +1072,8 @@ SELECT t.id, t.task_name, t.handler_version, t.queue, t.priority, t.args, t.kwar
 -- * A waiting child with an expiry waits until it (wait_until = expires_at): the stager
 --   finds it through pgqueue_task_wait_timeout and ends it cancelled (Expired) if its
 --   parents have not released it by then (see stage).
+-- * A fair task (docs/tenants.md) has its key, but no place in its key's flow: it
+--   joins its line at the head when it becomes due (fair_tag NULL sorts first).
 WITH parents AS MATERIALIZED (
     UPDATE pgqueue_task AS p
        SET has_dependents = true
@@ -721,7 +1091,7 @@ child AS (
     INSERT INTO pgqueue_task (
         id, queue, task_name, handler_version, priority, args, kwargs, run_at, state,
         max_attempts, retry_policy, timeout, unique_key, metadata, concurrency_key,
-        parents_pending, wait_reason, finished_at, errors, expires_at, wait_until
+        parents_pending, wait_reason, finished_at, errors, expires_at, wait_until, fair_key
     )
     SELECT COALESCE(%(id)s, nextval('pgqueue_task_id_seq')),
            %(queue)s, %(task_name)s, %(handler_version)s, %(priority)s, %(args)s::jsonb,
@@ -744,7 +1114,8 @@ child AS (
                          'at', now()))
                 ELSE '[]'::jsonb END,
            e.expires_at,
-           CASE WHEN v.open > 0 AND (v.failed_id IS NULL OR %(proceed)s) THEN e.expires_at END
+           CASE WHEN v.open > 0 AND (v.failed_id IS NULL OR %(proceed)s) THEN e.expires_at END,
+           %(fair_key)s
       FROM verdict AS v,
            (SELECT COALESCE(%(expires_at)s::timestamptz,
                             statement_timestamp() + %(expires)s::interval)) AS e(expires_at)
@@ -799,8 +1170,10 @@ RETURNING d.parent_id;
 
 -- name: parent_results
 -- context.parent_results(): the tasks this one waited for and how they ended, through
--- pgqueue_dep_child, then each parent by primary key.
-SELECT p.id, p.task_name, p.state, p.result, p.errors -> -1 ->> 'message'
+-- pgqueue_dep_child, then each parent by primary key; encrypted: the parent's result is
+-- encrypted (its args are an object: encryption.py), for the reader to decrypt.
+SELECT p.id, p.task_name, p.state, p.result, p.errors -> -1 ->> 'message',
+       jsonb_typeof(p.args) = 'object' AS encrypted
   FROM pgqueue_dependency AS d
   JOIN pgqueue_task AS p ON p.id = d.parent_id
  WHERE d.child_id = %(id)s
@@ -815,6 +1188,11 @@ SELECT p.id, p.task_name, p.state, p.result, p.errors -> -1 ->> 'message'
 -- from outside the worker. The row lock (old, by primary key) serialises it with a
 -- settlement of the same row: either the settlement sees the signal, or this sees the
 -- task waiting. A finished task takes no signal (no row is returned).
+-- Encrypted: the payload is sealed (%(sealed)s) for an encrypted row (its args are an
+-- object: encryption.py), plain for a plain row; the sender reads which first
+-- (task_encrypted), so no cleartext is sent for an encrypted row. A row of the other
+-- kind (replaced meanwhile by an enqueue with on_conflict="replace") takes nothing and
+-- comes back with its own kind, for the sender to send again.
 -- Bounded: signals keeps each name's last payload until the task ends, so the value
 -- the row would hold with this signal (names, and bytes as PostgreSQL writes it as
 -- JSON text) is measured on the locked row, and past %(max_names)s or %(max_bytes)s
@@ -823,7 +1201,7 @@ SELECT p.id, p.task_name, p.state, p.result, p.errors -> -1 ->> 'message'
 -- at once cannot both pass a bound that only one fits. The bytes are only counted
 -- with a bound (the value is written out as text for it).
 WITH old AS MATERIALIZED (
-    SELECT t.id,
+    SELECT t.id, jsonb_typeof(t.args) = 'object' AS encrypted,
            (t.state = 'waiting' AND t.wait_reason = 'signal'
             AND t.wait_signal = %(name)s::text) AS resumes,
            (SELECT count(*) FROM jsonb_object_keys(t.signals || n.signal)) AS names,
@@ -856,14 +1234,22 @@ signalled AS (
       FROM bounded AS o
      WHERE t.id = o.id
        AND o.fits
+       AND o.encrypted = %(sealed)s
     RETURNING t.id, t.queue, t.state, o.resumes
 )
 SELECT o.id, s.state, COALESCE(s.resumes, false) AS resumes,
        CASE WHEN s.resumes
             THEN pg_notify('pgqueue_' || (hashtext(s.queue) & 63), s.queue)::text END,
-       o.fits, o.names, o.bytes
+       o.fits, o.names, o.bytes, o.encrypted
   FROM bounded AS o
   LEFT JOIN signalled AS s ON s.id = o.id;
+
+
+-- name: task_encrypted
+-- signal(): whether a task's payloads are encrypted (its args are an object), read
+-- before signal_task so that an encrypted task's payload is sent sealed only. By
+-- primary key; no row for no task.
+SELECT jsonb_typeof(args) = 'object' FROM pgqueue_task WHERE id = %(id)s;
 
 
 -- name: lock_limited_queues
@@ -1069,6 +1455,135 @@ RETURNING q.paused, q.paused_tasks::text AS paused_tasks,
           pg_notify('pgqueue_' || (hashtext(q.name) & 63), q.name)::text AS notified;
 
 
+-- name: set_fair_weight
+-- A fair-share weight at runtime (docs/tenants.md), for a key or a prefix ('stem*'):
+-- one row of pgqueue_fair_weight, by primary key. enqueue_keyed, enqueue_many_keyed and
+-- stage read it for every task of a matching key that becomes due after this commits
+-- (it wins over FAIR_WEIGHTS); tasks already due keep their places.
+INSERT INTO pgqueue_fair_weight AS w (key, weight, set_at)
+VALUES (%(key)s, %(weight)s, now())
+    ON CONFLICT (key) DO UPDATE
+   SET weight = EXCLUDED.weight, set_at = EXCLUDED.set_at;
+
+
+-- name: clear_fair_weight
+-- Remove a runtime weight: the keys it matched fall back on FAIR_WEIGHTS.
+DELETE FROM pgqueue_fair_weight WHERE key = %(key)s RETURNING key;
+
+
+-- name: fair_weights
+-- Every runtime weight (a few rows).
+SELECT key, weight, set_at FROM pgqueue_fair_weight ORDER BY key;
+
+
+-- name: fair_shares
+-- Who is getting what (docs/tenants.md; the overview, pgqueue_fair shares): per fair
+-- key of a queue (NULL: all), its tasks due now (pending), running, and started within
+-- the last %(seconds)s seconds, for the keys with the most of those, at most
+-- %(limit)s of them; %(search)s (NULL: any) keeps the keys that contain it.
+-- The due ones are counted from pgqueue_task_fair_flow (pending rows with a fair key
+-- only); the running ones from pgqueue_task_running (running rows only); the started
+-- ones are the running ones and those that started and finished within the window,
+-- read from the most recent ends back (pgqueue_task_retention, per terminal state) at
+-- most %(sample)s rows per state: on a busy queue, a sample of the most recent starts,
+-- which is what a share is about. A read for an operator (bounded by the backlog of
+-- fair tasks and the sample), never a worker's.
+WITH due AS (
+    SELECT queue, fair_key AS key, count(*) AS pending
+      FROM pgqueue_task
+     WHERE state = 'pending' AND fair_key IS NOT NULL
+       AND (%(queue)s::text IS NULL OR queue = %(queue)s::text)
+     GROUP BY 1, 2
+),
+running AS (
+    SELECT queue, fair_key AS key, count(*) AS running
+      FROM pgqueue_task
+     WHERE state = 'running' AND fair_key IS NOT NULL
+       AND (%(queue)s::text IS NULL OR queue = %(queue)s::text)
+     GROUP BY 1, 2
+),
+recent AS (
+    SELECT f.queue, f.fair_key AS key, count(*) AS started
+      FROM unnest(ARRAY['succeeded', 'failed', 'cancelled']) AS s(state),
+           LATERAL (
+               SELECT t.queue, t.fair_key, t.started_at
+                 FROM pgqueue_task AS t
+                WHERE t.state = s.state
+                  AND t.finished_at > now() - make_interval(secs => %(seconds)s)
+                ORDER BY t.finished_at DESC
+                LIMIT %(sample)s
+           ) AS f
+     WHERE f.fair_key IS NOT NULL
+       AND f.started_at > now() - make_interval(secs => %(seconds)s)
+       AND (%(queue)s::text IS NULL OR f.queue = %(queue)s::text)
+     GROUP BY 1, 2
+),
+every AS (
+    SELECT queue, key FROM due
+    UNION SELECT queue, key FROM running
+    UNION SELECT queue, key FROM recent
+)
+SELECT e.queue, e.key, COALESCE(d.pending, 0) AS pending, COALESCE(r.running, 0) AS running,
+       COALESCE(s.started, 0) + COALESCE(r.running, 0) AS started
+  FROM every AS e
+  LEFT JOIN due AS d ON d.queue = e.queue AND d.key = e.key
+  LEFT JOIN running AS r ON r.queue = e.queue AND r.key = e.key
+  LEFT JOIN recent AS s ON s.queue = e.queue AND s.key = e.key
+ WHERE %(search)s::text IS NULL OR strpos(e.key, %(search)s::text) > 0
+ ORDER BY COALESCE(r.running, 0) + COALESCE(s.started, 0) DESC, COALESCE(d.pending, 0) DESC,
+          e.queue, e.key
+ LIMIT %(limit)s;
+
+
+-- name: release_sequence
+-- An operator releases a held sequence (docs/tenants.md): its failed task that holds it
+-- stops holding it (sequence_hold), and its next waiting task starts
+-- (pgqueue_sequence_start_next, migration 0017: in id order, pending with a wake-up),
+-- in this one transaction. The sequence's advisory lock first (class 1885827336, as
+-- the pgqueue_sequence_join trigger takes it at an enqueue's commit): the two take
+-- turns. The failed task stays a dead letter (retry it instead to run it again, at the
+-- head). By (queue, sequence_key) through pgqueue_task_sequence. Returns the released
+-- task's id and the started one's (NULL: none waited).
+WITH locked AS MATERIALIZED (
+    SELECT pg_advisory_xact_lock(1885827336, hashtext(%(queue)s::text || ' ' || %(key)s::text))
+),
+released AS (
+    UPDATE pgqueue_task AS t
+       SET sequence_hold = false
+      FROM locked
+     WHERE t.queue = %(queue)s::text AND t.sequence_key = %(key)s::text
+       AND t.state = 'failed' AND t.sequence_hold
+    RETURNING t.id
+)
+SELECT (SELECT min(id) FROM released) AS released;
+
+
+-- name: start_sequence
+-- After release_sequence, in its transaction (a statement of its own: its snapshot sees
+-- the release): the sequence's next task, if nothing else holds it.
+SELECT pgqueue_sequence_start_next(%(queue)s::text, %(key)s::text) AS started;
+
+
+-- name: held_sequences
+-- Sequences held by a failed task (docs/tenants.md; the overview, pgqueue_sequence):
+-- per held (queue, key), the task that holds it and when it failed, and how many tasks
+-- wait their turn behind it; the most recently held first, at most %(limit)s, of
+-- %(queue)s (NULL: all) and of the keys that contain %(search)s (NULL: any). The held
+-- rows through pgqueue_task_sequence (its failed part holds only these); the waiting
+-- ones counted per sequence through the same index.
+SELECT h.queue, h.sequence_key AS key, h.id AS task_id, h.task_name, h.finished_at,
+       (SELECT count(*)
+          FROM pgqueue_task AS w
+         WHERE w.queue = h.queue AND w.sequence_key = h.sequence_key
+           AND w.state = 'waiting' AND w.wait_reason = 'sequence') AS waiting
+  FROM pgqueue_task AS h
+ WHERE h.state = 'failed' AND h.sequence_hold AND h.sequence_key IS NOT NULL
+   AND (%(queue)s::text IS NULL OR h.queue = %(queue)s::text)
+   AND (%(search)s::text IS NULL OR strpos(h.sequence_key, %(search)s::text) > 0)
+ ORDER BY h.finished_at DESC, h.id DESC
+ LIMIT %(limit)s;
+
+
 -- name: queue_pauses
 -- Every queue's pause state (the overview, metrics, pgqueue_status), and its rate
 -- budget: rate_tat_in is how far the rate limit's theoretical arrival time lies ahead
@@ -1096,8 +1611,15 @@ SELECT name AS queue, paused, paused_tasks::text AS paused_tasks, paused_at,
 -- when it comes due (so at its run_at, if that is later than its expiry), a row
 -- waiting for its parents at its expiry (enqueue_after sets its wait_until to it).
 -- expired counts them per queue; only queues with rows made pending are woken.
+-- Fair tasks (docs/tenants.md) get their places in their keys' flows as they become
+-- due, as enqueue_keyed gives them to tasks due at once: per flow of the batch, one
+-- probe of pgqueue_task_fair_flow and one of pgqueue_task_fair, then one step
+-- (1 / weight) apart in the order they were due. Weights: pgqueue_fair_weight, else
+-- FAIR_WEIGHTS (%(fair_weight_keys)s, %(fair_weight_values)s), else 1. So a key's
+-- tasks scheduled for one moment take their turns then, not all at the head; a batch
+-- without fair tasks skips it (fair_due is empty).
 WITH due AS MATERIALIZED (
-    SELECT id
+    SELECT id, queue, task_name, handler_version, priority, fair_key, run_at
       FROM pgqueue_task
      WHERE state = 'scheduled'
        AND queue = ANY (%(queues)s::text[])
@@ -1105,10 +1627,64 @@ WITH due AS MATERIALIZED (
      LIMIT %(limit)s
        FOR NO KEY UPDATE SKIP LOCKED
 ),
+fair_flows AS MATERIALIZED (
+    SELECT f.queue, f.task_name, f.handler_version, f.fair_key, f.priority, s.step,
+           COALESCE(GREATEST(
+               (SELECT h.fair_tag
+                  FROM pgqueue_task AS h
+                 WHERE h.state = 'pending' AND h.fair_key IS NOT NULL
+                   AND h.queue = f.queue AND h.task_name = f.task_name
+                   AND h.handler_version = f.handler_version AND h.priority = f.priority
+                   AND h.fair_tag IS NOT NULL
+                 ORDER BY h.fair_tag NULLS FIRST
+                 LIMIT 1),
+               (SELECT t.fair_tag
+                  FROM pgqueue_task AS t
+                 WHERE t.state = 'pending' AND t.fair_key IS NOT NULL
+                   AND t.queue = f.queue AND t.task_name = f.task_name
+                   AND t.handler_version = f.handler_version AND t.fair_key = f.fair_key
+                   AND t.priority = f.priority AND t.fair_tag IS NOT NULL
+                 ORDER BY t.fair_tag DESC
+                 LIMIT 1) + s.step), 0) AS base
+      FROM (SELECT DISTINCT queue, task_name, handler_version, fair_key, priority
+              FROM due
+             WHERE fair_key IS NOT NULL) AS f
+     CROSS JOIN LATERAL (
+               SELECT 1.0 / COALESCE(
+                          (SELECT w.weight
+                             FROM pgqueue_fair_weight AS w
+                            WHERE w.key = f.fair_key
+                               OR (right(w.key, 1) = '*'
+                                   AND starts_with(f.fair_key, left(w.key, -1)))
+                            ORDER BY w.key = f.fair_key DESC, length(w.key) DESC
+                            LIMIT 1),
+                          (SELECT c.weight
+                             FROM unnest(%(fair_weight_keys)s::text[],
+                                         %(fair_weight_values)s::float8[]) AS c(key, weight)
+                            WHERE c.key = f.fair_key
+                               OR (right(c.key, 1) = '*'
+                                   AND starts_with(f.fair_key, left(c.key, -1)))
+                            ORDER BY c.key = f.fair_key DESC, length(c.key) DESC
+                            LIMIT 1),
+                          1) AS step
+           ) AS s
+),
+fair_due AS MATERIALIZED (
+    SELECT d.id,
+           f.base + (row_number() OVER (PARTITION BY f.queue, f.task_name, f.handler_version,
+                                                     f.fair_key, f.priority
+                                        ORDER BY d.run_at, d.id) - 1) * f.step AS tag
+      FROM due AS d
+      JOIN fair_flows AS f
+        ON f.queue = d.queue AND f.task_name = d.task_name
+       AND f.handler_version = d.handler_version AND f.fair_key = d.fair_key
+       AND f.priority = d.priority
+),
 staged AS (
     UPDATE pgqueue_task AS t
        SET state = CASE WHEN t.started_at IS NULL AND t.expires_at <= now()
                         THEN 'cancelled' ELSE 'pending' END,
+           fair_tag = CASE WHEN t.fair_key IS NULL THEN t.fair_tag ELSE f.tag END,
            finished_at = CASE WHEN t.started_at IS NULL AND t.expires_at <= now()
                               THEN now() END,
            errors_dropped = t.errors_dropped
@@ -1125,6 +1701,7 @@ staged AS (
                              'at', now()))
                          ELSE t.errors END
       FROM due
+      LEFT JOIN fair_due AS f ON f.id = due.id
      WHERE t.id = due.id
     RETURNING t.queue, t.state
 ),
@@ -2026,7 +2603,7 @@ SELECT state FROM pruned;
 --   failed     pgqueue_task_retention  (every dead letter, with when it died)
 --   succeeded  pgqueue_task_retention  (finished_at within the last hour only)
 -- Waiting rows are also counted by what they wait for (wait_reason: 'parents',
--- 'signal', 'child'); wait_reason is not in pgqueue_task_waiting, so that branch reads
+-- 'signal', 'child', 'sequence'); wait_reason is not in pgqueue_task_waiting, so that branch reads
 -- the heap row of each waiting row, and of nothing else.
 -- live_routes: the same definition as in fail_unroutable (keep them in step).
 WITH live_routes AS (
@@ -2077,6 +2654,7 @@ SELECT t.queue,
        count(*) FILTER (WHERE t.wait_reason = 'parents') AS waiting_parents,
        count(*) FILTER (WHERE t.wait_reason = 'signal') AS waiting_signal,
        count(*) FILTER (WHERE t.wait_reason = 'child') AS waiting_child,
+       count(*) FILTER (WHERE t.wait_reason = 'sequence') AS waiting_sequence,
        count(*) FILTER (WHERE t.state = 'failed') AS failed,
        EXTRACT(EPOCH FROM now() - min(t.run_at) FILTER (
            WHERE t.state IN ('pending', 'scheduled') AND t.run_at <= now()
@@ -2449,6 +3027,61 @@ SELECT 'failed', count(*)
    AND lease_token IS NULL;
 
 
+-- name: encrypted_batch
+-- pgqueue_reencrypt (operations.reencrypt): the next %(batch)s encrypted rows after id
+-- %(after)s (encrypted: args are an object, encryption.py), walked by primary key: no
+-- index tells encrypted rows apart, so the command reads the table once, a batch per
+-- transaction. Each row is locked (FOR NO KEY UPDATE) and returned with its payload
+-- columns, which the command encrypts again and writes back with reencrypt_rows in the
+-- same transaction: nothing can change them between the read and the write. Returned
+-- with locked false, and left as they are for a later run: a running row (its handler
+-- may write its checkpoint or progress, its settlement its result, at any moment) and
+-- a row another transaction holds (SKIP LOCKED: a claim taking it, a signal). It never
+-- waits for a lock, so it cannot deadlock with the worker's statements or a settlement's
+-- trigger.
+WITH walk AS MATERIALIZED (
+    SELECT t.id
+      FROM pgqueue_task AS t
+     WHERE t.id > %(after)s
+       AND jsonb_typeof(t.args) = 'object'
+     ORDER BY t.id
+     LIMIT %(batch)s
+),
+locked AS MATERIALIZED (
+    SELECT t.id, t.args, t.kwargs, t.result, t.checkpoint, t.progress, t.signals, t.wake
+      FROM pgqueue_task AS t
+     WHERE t.id = ANY (ARRAY(SELECT id FROM walk))
+       AND t.state <> 'running'
+       AND jsonb_typeof(t.args) = 'object'
+       FOR NO KEY UPDATE OF t SKIP LOCKED
+)
+SELECT w.id, l.id IS NOT NULL AS locked,
+       l.args, l.kwargs, l.result, l.checkpoint, l.progress, l.signals, l.wake
+  FROM walk AS w
+  LEFT JOIN locked AS l ON l.id = w.id
+ ORDER BY w.id;
+
+
+-- name: reencrypt_rows
+-- pgqueue_reencrypt: the payload columns of rows encrypted_batch locked, encrypted
+-- again with the newest key, in the transaction that holds their locks; by primary
+-- key. A column a row's entry leaves out (read as NULL) was already encrypted with the
+-- newest key, or empty, and keeps its value.
+UPDATE pgqueue_task AS t
+   SET args = COALESCE(r.args, t.args),
+       kwargs = COALESCE(r.kwargs, t.kwargs),
+       result = COALESCE(r.result, t.result),
+       checkpoint = COALESCE(r.checkpoint, t.checkpoint),
+       progress = COALESCE(r.progress, t.progress),
+       signals = COALESCE(r.signals, t.signals),
+       wake = COALESCE(r.wake, t.wake)
+  FROM jsonb_to_recordset(%(rows)s::jsonb)
+       AS r(id bigint, args jsonb, kwargs jsonb, result jsonb, checkpoint jsonb,
+            progress jsonb, signals jsonb, wake jsonb)
+ WHERE t.id = r.id
+RETURNING t.id;
+
+
 -- Periodic schedules (docs/periodic.md). Schedules are declared in code, or added at
 -- runtime (their row holds their definition); each has a row in pgqueue_schedule, by
 -- name (its primary key), created the first time a worker serving its queue sees it
@@ -2503,7 +3136,8 @@ SELECT n.name, n.task_name, n.spec, n.timezone, now()
 -- name takes precedence). row_current says whether the row is there, running, and the
 -- worker's version: when it is not, the worker reads the rows again.
 -- The task's columns and parameters are those of enqueue (build_row: validated the
--- same way); it is pending, due now, with the schedule and tick in its metadata. An
+-- same way; a fair task's key, with no place in its flow: the head of its line; a
+-- sequenced task waiting its turn, as enqueue_keyed inserts it); it is pending, due now, with the schedule and tick in its metadata. An
 -- expiry in seconds counts from now(), the tick's enqueue (not the tick's own time).
 -- Wakes the queue's workers (as enqueue_many: no parked-claimer check, ticks are rare)
 -- only when a task was inserted. Returns the database's now() either way: the
@@ -2529,13 +3163,17 @@ WITH advanced AS (
 inserted AS (
     INSERT INTO pgqueue_task (
         id, queue, task_name, handler_version, priority, args, kwargs, run_at, state,
-        max_attempts, retry_policy, timeout, unique_key, metadata, concurrency_key, expires_at
+        max_attempts, retry_policy, timeout, unique_key, metadata, concurrency_key, expires_at,
+        fair_key, sequence_key, sequence_hold, wait_reason
     )
     SELECT a.last_task_id, %(queue)s::text, %(task_name)s::text, %(handler_version)s::int,
-           %(priority)s::int, %(args)s::jsonb, %(kwargs)s::jsonb, now(), 'pending',
+           %(priority)s::int, %(args)s::jsonb, %(kwargs)s::jsonb, now(),
+           CASE WHEN %(sequence_key)s::text IS NULL THEN 'pending' ELSE 'waiting' END,
            %(max_attempts)s::int, %(retry_policy)s::jsonb, %(timeout)s::interval,
            %(unique_key)s::text, %(metadata)s::jsonb, %(concurrency_key)s::text,
-           COALESCE(%(expires_at)s::timestamptz, now() + %(expires)s::interval)
+           COALESCE(%(expires_at)s::timestamptz, now() + %(expires)s::interval),
+           %(fair_key)s::text, %(sequence_key)s::text, %(sequence_hold)s::bool,
+           CASE WHEN %(sequence_key)s::text IS NOT NULL THEN 'sequence' END
       FROM advanced AS a
     RETURNING id, queue
 )

@@ -160,10 +160,11 @@ def _candidates(
 
 
 def _matches(row: Task, args: list[Any] | None, kwargs: dict[str, Any] | None) -> bool:
-    if args is not None and row.args != args:
+    """An encrypted task's arguments are compared in clear."""
+    if args is not None and row.cleartext("args") != args:
         return False
     if kwargs is not None:
-        stored = row.kwargs or {}
+        stored = row.cleartext("kwargs") or {}
         return all(key in stored and stored[key] == value for key, value in kwargs.items())
     return True
 
@@ -197,7 +198,8 @@ def _found(name: str | None, states: tuple[str, ...], alias: str) -> str:
 
 def _listing(rows: list[Task]) -> str:
     described = [
-        f"#{row.id} {_call(row.task_name, row.args, row.kwargs)} in {row.queue!r} [{row.state}]"
+        f"#{row.id} {_call(row.task_name, row.cleartext('args'), row.cleartext('kwargs'))} "
+        f"in {row.queue!r} [{row.state}]"
         for row in rows[:LISTED]
     ]
     if len(rows) > LISTED:

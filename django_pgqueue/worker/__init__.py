@@ -4,6 +4,7 @@ One module per concept:
 
 - ``worker``: ``Worker`` composes the components; start-up, signals and shutdown.
 - ``claimer``: claims as many due rows as there are free slots, in one statement.
+- ``batcher``: claims the rows of batch handlers into batches, one slot per batch.
 - ``slots``: threads that only run handlers, and the watchdog that writes off overruns.
 - ``settler``: writes outcomes back in fenced, batched statements.
 - ``heartbeat``: renews every in-flight lease in one UPDATE; refreshes the registry row.

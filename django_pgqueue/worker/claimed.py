@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, NamedTuple
 
+from django_pgqueue import encryption
 from django_pgqueue.context import TaskContext
 
 if TYPE_CHECKING:
@@ -66,6 +67,9 @@ class ClaimedTask:
     metadata_json: str
     signals_json: str | None = None
     wake_json: str | None = None
+    # A fair task's key (docs/tenants.md; None: not a fair task): the slots let a key
+    # with nothing waiting for a slot go first (SlotPool.submit).
+    fair_key: str | None = None
     # The claim found it expired and ended it cancelled instead of starting it: the
     # claimer counts it and drops it (sql: claim). Never run.
     expired: bool = False
@@ -75,6 +79,9 @@ class ClaimedTask:
     # Rows the claim's walk found that their key's limit held back (same on every row):
     # with a per-key rate, the claimer then sets aside those out of budget.
     key_held: int = 0
+    # Its payloads are encrypted in the row (encryption.py), and were decrypted here by
+    # open_payloads: its result, checkpoint and progress are encrypted before written.
+    encrypted: bool = False
     received_monotonic: float = field(default_factory=time.monotonic)
     # When a slot began running it: a prefetched task may wait for a slot, and its
     # timeout counts from its start, not from its claim.
@@ -88,6 +95,9 @@ class ClaimedTask:
     # Set by the slot that takes the task, when the claimer waits for that (see
     # Claimer._hand_over): an idle worker's claimer lets the slot start first.
     picked_up: threading.Event | None = None
+    # A batch handler's batch (worker/batcher.py), on its first task, which carries it
+    # through a slot: every task of the batch, this one first. None: a task of its own.
+    batch: list[ClaimedTask] | None = None
     # The attempt's log records, with TASK_LOGS, in the process that runs its handler
     # (task_logs.py): never stored as such, never sent to a process.
     logs: AttemptLog | None = None
@@ -121,6 +131,27 @@ class ClaimedTask:
     @property
     def wake(self) -> dict[str, Any] | None:
         return json.loads(self.wake_json) if self.wake_json else None
+
+    def open_payloads(self) -> None:
+        """Decrypt an encrypted row's payloads in place (args, kwargs, checkpoint,
+        signals, wake), for the handler; raises EncryptionError, changing nothing, when
+        one cannot be decrypted. Called for a row whose args are an object only (a
+        plain row's are an array): a plain task pays one type check."""
+        where = f"task {self.id}'s"
+        opened = {
+            "args": encryption.open_value(self.args, f"{where} args"),
+            "kwargs": encryption.open_value(self.kwargs, f"{where} kwargs"),
+        }
+        checkpoint = json.loads(self.checkpoint_json) if self.checkpoint_json else None
+        if encryption.is_sealed(checkpoint):
+            opened["checkpoint_json"] = encryption.open_text(checkpoint, f"{where} checkpoint")
+        for name, column in (("signals_json", "signals"), ("wake_json", "wake")):
+            text = getattr(self, name)
+            if text:
+                value = encryption.open_column(column, json.loads(text), f"{where} {column}")
+                opened[name] = json.dumps(value)
+        self.__dict__.update(opened)
+        self.encrypted = True
 
     @property
     def route(self) -> tuple[str, int]:

@@ -49,6 +49,7 @@ from typing import TYPE_CHECKING, Any
 import psycopg
 
 from django_pgqueue import sql
+from django_pgqueue.fairness import fair_weights
 from django_pgqueue.limits import QueueLimit, Rate
 from django_pgqueue.sql import QUERIES
 from django_pgqueue.worker.claimed import ClaimedTask, claimed_rows
@@ -117,6 +118,7 @@ class Claimer:
         key_rates: dict[tuple[str, int], Rate] | None = None,
         listen_alias: str | None = "",
         claim_batch_bytes: int | None = None,
+        fair_routes: set[tuple[str, int]] | None = None,
     ) -> None:
         self.worker_id = worker_id
         self.queues = queues
@@ -130,6 +132,7 @@ class Claimer:
             return route_params(
                 queues if only is None else only, lane_routes, starvation_timeout, limits,
                 key_limits, claim_batch_bytes=claim_batch_bytes, key_rates=key_rates,
+                fair_routes=fair_routes,
             )  # fmt: skip
 
         self._route_params = params(routes)
@@ -195,6 +198,8 @@ class Claimer:
         self._thread = threading.Thread(target=self._run, name="pgqueue-claimer", daemon=True)
         # Set while parked with nothing claimable (burst mode exits on it).
         self.idle = threading.Event()
+        # Called when a notification (or a poll) ends a park: the batcher claims then.
+        self.on_wake: Callable[[], None] | None = None
 
     def start(self) -> None:
         self._thread.start()
@@ -290,6 +295,8 @@ class Claimer:
                 self.listener.wait(listening._conn if listening else None, timeout)
             except psycopg.Error:
                 listening.close()  # reconnected (and LISTENing again) before parking
+            if self.on_wake is not None:
+                self.on_wake()
             self._ask_every_lane()  # after a wake-up or a poll
 
     def _prepare_park(self) -> float | None:
@@ -556,7 +563,7 @@ class Claimer:
             self.stats.incr("stage_statements")
             rows = self.session.call(
                 lambda conn: conn.execute(
-                    QUERIES["stage"], {"queues": self.queues, "limit": STAGE_BATCH}
+                    QUERIES["stage"], stage_params(self.queues, STAGE_BATCH)
                 ).fetchall(),
                 retry=False,
             )
@@ -715,9 +722,11 @@ def route_params(
     *,
     claim_batch_bytes: int | None = None,
     key_rates: dict[tuple[str, int], Rate] | None = None,
+    fair_routes: set[tuple[str, int]] | None = None,
 ) -> dict[str, object]:
     """The claim's parameters that name what a worker can take: every (queue, task
-    name, version) it can run, with its per-key limit; its starvation escape (one
+    name, version) it can run, with its per-key limit, and whether it is a fair task's
+    (``fair_routes``: docs/tenants.md); its starvation escape (one
     starving task per queue may jump the priority order per tenth of the starvation
     timeout); the limits of its queues (``limits``: QUEUE_LIMITS); the rate of each
     keyed route's keys (``key_rates``: the task's own, else its queue's ``key_rate``);
@@ -746,6 +755,7 @@ def route_params(
         "route_key_limits": [key_limits.get((t[1], t[2])) for t in triples],
         "route_key_rate_intervals": [r.interval if r else None for r in route_rates],
         "route_key_rate_bursts": [r.burst if r else None for r in route_rates],
+        "route_fair": [(t[1], t[2]) in (fair_routes or ()) for t in triples],
         "starvation_seconds": starvation_timeout,
         "escape_window_seconds": starvation_timeout / 10,
         "look_for_starving": True,
@@ -759,9 +769,10 @@ def route_params(
 
 
 def claim_statement(params: Mapping[str, Any]) -> str:
-    """The claim statement for these parameters: ``claim_plain`` when they name no
-    limited queue, no route with a per-key concurrency or rate, and no starvation
-    escape to look for (for those, claim reduces to it: queries.sql), else ``claim``."""
+    """The claim statement for these parameters: when they name no limited queue, no
+    route with a per-key concurrency or rate, and no starvation escape to look for
+    (for those, claim reduces to it: queries.sql), ``claim_plain``, or ``claim_fair``
+    if a route is a fair task's; else ``claim``."""
     plain = (
         not params["look_for_starving"]
         and not params["limit_queues"]
@@ -769,7 +780,21 @@ def claim_statement(params: Mapping[str, Any]) -> str:
         and all(limit is None for limit in params["route_key_limits"])
         and all(rate is None for rate in params["route_key_rate_intervals"])
     )
-    return "claim_plain" if plain else "claim"
+    if not plain:
+        return "claim"
+    return "claim_fair" if any(params["route_fair"]) else "claim_plain"
+
+
+def stage_params(queues: list[str], limit: int) -> dict[str, object]:
+    """The stager's parameters: its queues, its batch, and FAIR_WEIGHTS (the places
+    it gives fair tasks as they become due are spaced by their weights)."""
+    weights = fair_weights()
+    return {
+        "queues": queues,
+        "limit": limit,
+        "fair_weight_keys": weights.patterns,
+        "fair_weight_values": weights.values,
+    }
 
 
 def _fetch(conn: psycopg.Connection, query: str, params: dict) -> list[ClaimedTask]:

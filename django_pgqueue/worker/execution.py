@@ -18,11 +18,13 @@ from asgiref.sync import sync_to_async
 from django.db import close_old_connections
 
 from django_pgqueue import middleware, tracing
+from django_pgqueue.batch import BatchCall
 from django_pgqueue.context import TaskContext
 from django_pgqueue.exceptions import (
     _UNSET,
     Cancelled,
     Continue,
+    EncryptionError,
     InvalidTaskError,
     LeaseLost,
     PayloadTooLarge,
@@ -50,6 +52,7 @@ logger = logging.getLogger("django_pgqueue.worker")
 
 
 def make_context(task: ClaimedTask, database: str) -> TaskContext:
+    """The handler's context; an encrypted task's encrypts what it saves."""
     context = TaskContext(
         task_id=task.id,
         task_name=task.task_name,
@@ -67,6 +70,7 @@ def make_context(task: ClaimedTask, database: str) -> TaskContext:
         wake=task.wake,
     )
     context._cancel_requested = task.cancel_requested
+    context._encrypted = task.encrypted
     return context
 
 
@@ -218,6 +222,11 @@ def _prepare(task: ClaimedTask, database: str) -> tuple[TaskDefinition, list[Any
         definition = registry.get(task.task_name, task.handler_version)
     except TaskNotRegistered as exc:  # the claim filters on routes; defensive only
         return outcomes.failed(task, outcomes.error_entry(task, exc), retryable=False)
+    if type(task.args) is dict:  # an encrypted row (a plain row's args are an array)
+        try:
+            task.open_payloads()
+        except EncryptionError as exc:
+            return outcomes.undecryptable(task, str(exc))
     problem = check_stored_call(task.args, task.kwargs)
     if problem is not None:
         return outcomes.unrunnable(task, "InvalidTaskError", problem)
@@ -340,3 +349,71 @@ def _check_signature(
     except ValueError:  # builtins without a signature: let the call decide
         return None
     return None
+
+
+def execute_batch(
+    tasks: list[ClaimedTask], database: str, *, recycle_connections: bool = True
+) -> list[Outcome]:
+    """Run a batch handler (docs/tenants.md) on the calls of ``tasks`` (one route, in
+    claim order) and return each task's outcome. Never raises. A call whose stored
+    arguments cannot be read fails on its own, before the handler runs; one the handler
+    marked failed (``BatchCall.fail``) fails by its own policy; the others succeed with
+    their ``result``. A handler that raises fails every call. Middleware and the
+    task_started signal are not applied (they are about one task's attempt).
+    ``recycle_connections``: as for ``execute``."""
+    first = tasks[0]
+    marker = current_lease.set(first)
+    try:
+        try:
+            definition = registry.get(first.task_name, first.handler_version)
+        except TaskNotRegistered as exc:  # the claim filters on routes; defensive only
+            return [outcomes.failed(t, outcomes.error_entry(t, exc), retryable=False)
+                    for t in tasks]  # fmt: skip
+        done: list[Outcome] = []
+        calls: list[tuple[ClaimedTask, BatchCall]] = []
+        for task in tasks:
+            if type(task.args) is dict:  # an encrypted row, as in _prepare
+                try:
+                    task.open_payloads()
+                except EncryptionError as exc:
+                    done.append(outcomes.undecryptable(task, str(exc)))
+                    continue
+            problem = check_stored_call(task.args, task.kwargs)
+            if problem is not None:
+                done.append(outcomes.unrunnable(task, "InvalidTaskError", problem))
+                continue
+            calls.append((task, BatchCall(task.id, task.attempt, task.max_attempts,
+                                          tuple(task.args), task.kwargs, task.metadata)))
+        if not calls:
+            return done
+        if recycle_connections:
+            close_old_connections()
+        started = time.monotonic()
+        try:
+            definition.func([call for _, call in calls])
+        except BaseException as exc:  # SystemExit from a handler must not kill its slot
+            return done + [_batch_raised(task, exc) for task, _ in calls]
+        finally:
+            if recycle_connections:
+                close_old_connections()
+        runtime = time.monotonic() - started
+        for task, call in calls:
+            if call.error is not None:
+                done.append(_batch_raised(task, call.error))
+            else:
+                done.append(_succeeded(task, call.result, runtime))
+        return done
+    finally:
+        current_lease.reset(marker)
+
+
+def _batch_raised(task: ClaimedTask, exc: BaseException) -> Outcome:
+    """The outcome of one call of a batch that failed with ``exc`` (raised by the
+    handler for them all, or given to ``BatchCall.fail``): by its own policy."""
+    if isinstance(exc, Snooze):
+        return outcomes.snoozed(task, exc.delay)
+    if isinstance(exc, Cancelled):
+        return outcomes.cancelled(task, outcomes.error_entry(task, exc, "Cancelled"))
+    if isinstance(exc, Retry):
+        return outcomes.failed(task, outcomes.error_entry(task, exc), retry_delay=exc.delay)
+    return outcomes.raised(task, exc)

@@ -26,6 +26,8 @@ written off, still running at   as a timeout, due no sooner than ``RELEASE_DELAY
 the exit of its process         the write (the process exits right after it)
 hard cancel (process killed)    cancelled, error says the handler was killed
 payload cannot run              failed at once, no retry (bad stored args, bad result)
+payload cannot be decrypted     as raised, with an EncryptionError (its row keeps its
+                                ciphertext: requeued once the key is back, it runs)
 lease lapsed before the start    not run: pending again (failed on the last attempt), as
                                 the sweep would write it (a process that stalled)
 shutdown, handler unfinished    pending after ``RELEASE_DELAY``, attempt not refunded
@@ -37,6 +39,10 @@ atomic attempt (``atomic=True``) returned, ``Continue`` and ``Suspend`` as above
 atomic attempt whose lease was  its writes rolled back; then as a lapsed lease: pending
 lost before its commit          again (failed on the last attempt), if still ours
 ==============================  ===========================================================
+
+An encrypted task's result and checkpoint are encrypted here, by the outcome that
+carries them, in the process that ran the handler (encryption.py): they are never
+written, nor sent from a handler's process, in clear.
 
 Two transitions happen without a worker and live in SQL beside their statements:
 a cancel requested while the handler ran wins over a retry (``settle``), and a lease
@@ -51,7 +57,9 @@ import traceback
 from dataclasses import dataclass, field
 from typing import Any
 
+from django_pgqueue import encryption
 from django_pgqueue.conf import get_settings
+from django_pgqueue.exceptions import EncryptionError
 from django_pgqueue.retry import RetryPolicy, backoff_fields, exception_rule
 from django_pgqueue.worker.claimed import ClaimedTask
 
@@ -190,6 +198,12 @@ def plain_error(task: ClaimedTask, kind: str, message: str) -> dict[str, Any]:
 
 
 def succeeded(task: ClaimedTask, result: Any, runtime: float | None) -> Outcome:
+    """The result is encrypted for an encrypted task (in the process that ran it)."""
+    if task.encrypted:
+        try:
+            result = encryption.seal(result)
+        except EncryptionError as exc:
+            return unsealable(task, "result", exc)
     return Outcome(task, SUCCESS, "succeeded", result=result, runtime=runtime)
 
 
@@ -237,6 +251,22 @@ def backoff(task: ClaimedTask) -> float:
         return RetryPolicy.from_value(get_settings().DEFAULT_BACKOFF).delay(task.attempt)
 
 
+def undecryptable(task: ClaimedTask, message: str) -> Outcome:
+    """An encrypted row whose payloads no key of ENCRYPTION_KEYS decrypts (the key was
+    removed, or this worker lacks it): a failed attempt, retried after the backoff (a
+    worker that holds the key may take it) and failed once the attempts are spent. The
+    row is not touched beyond that: its ciphertext stays, to run once the key is back."""
+    return failed(task, plain_error(task, "EncryptionError", message))
+
+
+def unsealable(task: ClaimedTask, what: str, exc: EncryptionError) -> Outcome:
+    """An encrypted task's result or checkpoint that could not be encrypted (its keys
+    changed while it ran): never written in clear; a failed attempt instead."""
+    return failed(
+        task, plain_error(task, "EncryptionError", f"the {what} could not be encrypted: {exc}")
+    )
+
+
 def unrunnable(task: ClaimedTask, kind: str, message: str) -> Outcome:
     """The stored call or the returned value can never work: fail now, no retry."""
     return failed(task, plain_error(task, kind, message), retryable=False)
@@ -247,6 +277,11 @@ def snoozed(task: ClaimedTask, delay: float) -> Outcome:
 
 
 def continued(task: ClaimedTask, checkpoint: Any, save: bool) -> Outcome:
+    if task.encrypted:
+        try:
+            checkpoint = encryption.seal(checkpoint)
+        except EncryptionError as exc:
+            return unsealable(task, "checkpoint", exc)
     return Outcome(
         task,
         CONTINUED,
@@ -266,6 +301,11 @@ def suspended(
     checkpoint: Any,
     save: bool,
 ) -> Outcome:
+    if task.encrypted:
+        try:
+            checkpoint = encryption.seal(checkpoint)
+        except EncryptionError as exc:
+            return unsealable(task, "checkpoint", exc)
     return Outcome(
         task,
         SUSPENDED,

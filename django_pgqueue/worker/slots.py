@@ -17,6 +17,7 @@ import logging
 import queue
 import threading
 import time
+from collections import Counter, deque
 from collections.abc import Callable
 
 from django_pgqueue.worker.claimed import ClaimedTask
@@ -27,6 +28,9 @@ from django_pgqueue.worker.stats import WorkerStats
 logger = logging.getLogger("django_pgqueue.worker")
 
 _STOP = object()
+# Put on the work queue for each task that goes ahead (SlotPool.submit): it wakes a
+# slot, which then takes the task from the front.
+_AHEAD = object()
 
 # PREFETCH None (the default): claimed tasks may wait for a slot up to this many times
 # the slots, as long as the queue they form is about PREFETCH_WAIT seconds of work.
@@ -51,10 +55,10 @@ class SlotPool:
     def __init__(
         self,
         size: int,
-        execute: Callable[[ClaimedTask], Outcome],
+        execute: Callable[[ClaimedTask], Outcome | list[Outcome]],
         *,
         prefetch: int | None = 0,
-        on_outcome: Callable[[Outcome], None],
+        on_outcome: Callable[[Outcome | list[Outcome]], None],
         stats: WorkerStats,
         timeout_grace: float,
         write_off_limit: int,
@@ -79,6 +83,12 @@ class SlotPool:
         self._on_recycle = on_recycle
         self._recycle_asked = False
         self._work: queue.SimpleQueue = queue.SimpleQueue()
+        # Fair tasks (docs/tenants.md) of a key with no task waiting here go ahead of the
+        # tasks waiting for a slot: a key whose turn came does not wait behind the
+        # prefetched tasks of a busy key. _waiting_keys: tasks waiting per fair key
+        # (under _free_changed).
+        self._ahead: deque[ClaimedTask] = deque()
+        self._waiting_keys: Counter[str] = Counter()
         self._free = self.capacity
         # Shared with the async slots, if any: the claimer waits for either to free up.
         self._free_changed = changed or threading.Condition()
@@ -115,12 +125,22 @@ class SlotPool:
     def submit(self, tasks: list[ClaimedTask], overflow: bool = False) -> None:
         """Queue claimed tasks for the slots. ``overflow``: tasks recovered from a claim
         whose reply was lost may exceed the free slots; they wait for one."""
+        ahead = set()
         with self._free_changed:
             if len(tasks) > self._free and not overflow:
                 raise RuntimeError("claimed more tasks than free slots")
             self._free -= len(tasks)
+            for task in tasks:
+                if task.fair_key is not None:
+                    if not self._waiting_keys[task.fair_key]:
+                        ahead.add(task.id)
+                    self._waiting_keys[task.fair_key] += 1
         for task in tasks:
-            self._work.put(task)
+            if task.id in ahead:
+                self._ahead.append(task)
+                self._work.put(_AHEAD)
+            else:
+                self._work.put(task)
 
     # -- lifecycle --------------------------------------------------------------------
     def start(self) -> None:
@@ -171,9 +191,29 @@ class SlotPool:
         )
         slot.thread.start()
 
+    def _take(self) -> ClaimedTask:
+        """The next task for a slot (or _STOP): one that goes ahead first."""
+        while True:
+            if self._ahead:
+                try:
+                    task = self._ahead.popleft()
+                    break
+                except IndexError:  # another slot took it since
+                    pass
+            task = self._work.get()
+            if task is not _AHEAD:
+                break
+            # A token: its task is at the front, unless a slot that came free took it.
+        if task is not _STOP and task.fair_key is not None:
+            with self._free_changed:
+                self._waiting_keys[task.fair_key] -= 1
+                if not self._waiting_keys[task.fair_key]:
+                    del self._waiting_keys[task.fair_key]
+        return task
+
     def _run(self, slot: _Slot) -> None:
         while True:
-            task = self._work.get()
+            task = self._take()
             if task is _STOP:
                 return
             if task.picked_up is not None:
@@ -198,7 +238,7 @@ class SlotPool:
             self._on_outcome(outcome)
             self._freed()
 
-    def _late_return(self, task: ClaimedTask, outcome: Outcome) -> None:
+    def _late_return(self, task: ClaimedTask, outcome: Outcome | list[Outcome]) -> None:
         """A written-off handler returned: settle its attempt as the timeout it was."""
         ran = time.monotonic() - task.started_monotonic
         logger.warning(
@@ -207,15 +247,16 @@ class SlotPool:
             "the task's lease is given up",
             task.log_prefix(),
             ran,
-            outcome.label,
+            outcome.label if isinstance(outcome, Outcome) else "batch's",
             extra=task_fields(task, outcome=TIMEOUT, duration=round(ran, 6)),
         )
         self._stats.incr("late_return")
-        late = timed_out(
-            task, self._overran(task, f"its handler returned {ran:.1f}s after its start")
-        )
-        late.logs = outcome.logs  # what the attempt logged, as of any other attempt
-        self._on_outcome(late)
+        message = self._overran(task, f"its handler returned {ran:.1f}s after its start")
+        for each in task.batch or [task]:  # a batch's every call (worker/batcher.py)
+            late = timed_out(each, message)
+            if isinstance(outcome, Outcome):  # what the attempt logged, as any attempt's
+                late.logs = outcome.logs
+            self._on_outcome(late)
 
     def _overran(self, task: ClaimedTask, then: str) -> str:
         return (

@@ -27,10 +27,11 @@ from django_pgqueue.sql import QUERIES
 from django_pgqueue.worker import task_logs
 from django_pgqueue.worker.async_slots import AsyncSlots
 from django_pgqueue.worker.asyncio_runner import AsyncRunner
+from django_pgqueue.worker.batcher import Batcher, settle_each
 from django_pgqueue.worker.claimed import ClaimedTask
 from django_pgqueue.worker.claimer import Claimer
 from django_pgqueue.worker.connection import CONNECTION_ERRORS, Session, is_pooled
-from django_pgqueue.worker.execution import execute
+from django_pgqueue.worker.execution import execute, execute_batch
 from django_pgqueue.worker.heartbeat import Heartbeat
 from django_pgqueue.worker.inflight import InFlight
 from django_pgqueue.worker.logging import task_fields
@@ -187,6 +188,8 @@ class Worker:
         key_limits = {(d.name, d.version): d.key_concurrency for d in definitions
                       if d.key_concurrency is not None}  # fmt: skip
         key_rates = {(d.name, d.version): d.key_rate for d in definitions if d.key_rate}
+        # Fair share (docs/tenants.md): the routes whose claim walks by key's turn.
+        fair_routes = {(d.name, d.version) for d in definitions if d.fair_key is not None}
         self.settler = Settler(
             self.alias,
             self.inflight,
@@ -200,7 +203,7 @@ class Worker:
             options.concurrency,
             prefetch=options.prefetch,  # None: adaptive (slots.py)
             execute=self._execute,
-            on_outcome=self._on_outcome,
+            on_outcome=settle_each(self._on_outcome),  # a batch's: one per call
             stats=self.stats,
             # In process mode the pool kills an overrunning handler; the watchdog is a backstop.
             timeout_grace=options.timeout_grace
@@ -211,7 +214,10 @@ class Worker:
         )
         # Async handlers get async slots (no thread each) when they run in this process.
         self.async_slots: AsyncSlots | None = None
-        claim_routes, async_lane = self.routes, None
+        # Batch handlers (docs/tenants.md) are claimed by the batcher, into batches.
+        batched = [d for d in definitions if d.batch_size is not None]
+        claim_routes = [(d.name, d.version) for d in definitions if d.batch_size is None]
+        async_lane = None
         if self._async_runner is not None:
             self.async_slots = AsyncSlots(
                 options.async_concurrency,
@@ -225,7 +231,8 @@ class Worker:
                     else None
                 ),
             )
-            claim_routes = [(d.name, d.version) for d in definitions if not d.is_async]
+            claim_routes = [(d.name, d.version) for d in definitions
+                            if not d.is_async and d.batch_size is None]  # fmt: skip
             async_routes = [(d.name, d.version) for d in definitions if d.is_async]
             async_lane = (self.async_slots, async_routes)
         self.claimer = Claimer(
@@ -246,7 +253,29 @@ class Worker:
             key_rates=key_rates,
             listen_alias=self._listen_alias(conf),
             claim_batch_bytes=conf.CLAIM_BATCH_BYTES,
+            fair_routes=fair_routes,
         )
+        self.batcher = (
+            Batcher(
+                self.alias,
+                self.worker_id,
+                options.queues,
+                batched,
+                self.slots,
+                self.inflight,
+                self.stats,
+                lease_seconds=options.lease_seconds,
+                poll_interval=options.poll_interval,
+                release=self.settler.put,
+                durable=not conf.ASYNC_CLAIMS,
+                claim_batch_bytes=conf.CLAIM_BATCH_BYTES,
+            )
+            if batched
+            else None
+        )
+        if self.batcher is not None:
+            # A notification that wakes the claimer wakes the batcher too.
+            self.claimer.on_wake = self.batcher.wake
         # The live workers, counted by the heartbeat: the fleet-wide duties (sweeper,
         # vacuumer, pruner) tick N times less often in each of N processes.
         self.fleet = Fleet()
@@ -350,7 +379,11 @@ class Worker:
         return self.listen_database
 
     # -- running ----------------------------------------------------------------------
-    def _execute(self, task: ClaimedTask) -> Outcome:
+    def _execute(self, task: ClaimedTask) -> Outcome | list[Outcome]:
+        if task.batch is not None:  # a batch handler's batch: in this slot's thread
+            if task.lease_left(self.options.lease_seconds) < LEASE_MARGIN:
+                return [self._expired_before_start(each) for each in task.batch]
+            return execute_batch(task.batch, self.alias)
         if task.lease_left(self.options.lease_seconds) < LEASE_MARGIN:
             return self._expired_before_start(task)
         if self.pool is not None:
@@ -459,6 +492,7 @@ class Worker:
             self.heartbeat,
             self.sweeper,
             self.claimer,
+            *([self.batcher] if self.batcher is not None else []),
         ]
         if self.pruner is not None:
             parts.insert(4, self.pruner)
@@ -489,6 +523,8 @@ class Worker:
     def _burst_done(self) -> bool:
         if self.inflight:
             return False
+        if self.batcher is not None and not self.batcher.idle.is_set():
+            return False  # its last round found batch tasks to claim
         if self.claimer.idle.is_set():
             return True
         # Everything is settled but the last claim began before that: claim once more.
@@ -548,6 +584,8 @@ class Worker:
         on the settler: the release does not need this process to exit.
         """
         self.claimer.stop()
+        if self.batcher is not None:
+            self.batcher.stop()  # the rows of batches still filling are released
         logger.debug("claims stopped: no task is claimed from now on")
         deadline = time.monotonic() + self.options.shutdown_grace
         while time.monotonic() < deadline and self._unfinished():
@@ -567,7 +605,8 @@ class Worker:
                 extra=task_fields(task, outcome="timeout", worker=self.worker_id,
                                   database=self.alias),
             )  # fmt: skip
-            self.settler.put(_with_logs(abandoned(task, self.slots.exit_message(task))))
+            for each in task.batch or [task]:  # a batch's every call
+                self.settler.put(_with_logs(abandoned(each, self.slots.exit_message(task))))
         for task in unfinished:
             logger.warning(
                 "%s was still running after the %gs shutdown grace: released, to run again "
@@ -616,7 +655,7 @@ class Worker:
 
     def _unfinished(self) -> list[ClaimedTask]:
         """Claims whose handler has not returned, but for written-off ones."""
-        stuck = {task.lease for task in self.slots.stuck()}
+        stuck = {each.lease for task in self.slots.stuck() for each in task.batch or [task]}
         return [task for task in self.inflight.running() if task.lease not in stuck]
 
     def _maintenance(self) -> list:

@@ -12,6 +12,7 @@ from datetime import datetime, timedelta
 from typing import Any, Literal, assert_type
 
 from django_pgqueue import (
+    BatchCall,
     RetryPolicy,
     TaskContext,
     TaskDefinition,
@@ -186,3 +187,19 @@ def context_flag_not_literal(flag: bool) -> None:
     unchecked = task(takes_context=flag)(handler)
     assert_type(unchecked, TaskDefinition[..., str])
     assert_type(unchecked.enqueue("anything", at=all), int)
+
+
+@task(batch_size=100, batch_wait=1.0, queue="emails")
+def send_batch(batch: list[BatchCall]) -> None:
+    for one in batch:
+        one.result = one.kwargs["to"]
+
+
+def batch_calls() -> None:
+    # A batch handler takes a list of calls; each call is enqueued with its own arguments.
+    assert_type(send_batch, TaskDefinition[..., None])
+    assert_type(send_batch.enqueue(to="ada@example.com"), int)
+
+
+@task(batch_size=100)  # type: ignore[arg-type]  # pyright: ignore[reportArgumentType]
+def batch_handler_taking_one_call(to: str) -> None: ...

@@ -5,7 +5,7 @@ from __future__ import annotations
 from django.core.management.base import BaseCommand, CommandError
 
 from django_pgqueue import operations
-from django_pgqueue.exceptions import InvalidTaskError, TaskDoesNotExist
+from django_pgqueue.exceptions import EncryptionError, InvalidTaskError, TaskDoesNotExist
 from django_pgqueue.management.commands._database import add_database_argument, database_option
 from django_pgqueue.payload import parse_json
 
@@ -36,7 +36,7 @@ class Command(BaseCommand):
         try:
             payload = parse_json(opts["payload"], "--payload")
             outcome = operations.signal(task_id, name, payload, database=database)
-        except InvalidTaskError as exc:
+        except (InvalidTaskError, EncryptionError) as exc:
             raise CommandError(str(exc)) from None
         if outcome == "resumed":
             self.stdout.write(

@@ -13,6 +13,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import OperationalError
 
+from django_pgqueue import encryption
 from django_pgqueue.checks import unapplied_migrations, unapplied_problem
 from django_pgqueue.conf import (
     SETTINGS,
@@ -23,7 +24,7 @@ from django_pgqueue.conf import (
     queue_databases,
     queues_by_database,
 )
-from django_pgqueue.registry import missing_task_modules, validate_queue
+from django_pgqueue.registry import missing_task_modules, registry, validate_queue
 from django_pgqueue.worker.logging import configure_logging, configured_format
 from django_pgqueue.worker.worker import EXIT_RECYCLE, Worker, WorkerOptions, reexec
 
@@ -205,7 +206,8 @@ def _check(options: WorkerOptions, opts: dict[str, Any]) -> None:
 def _check_ready(groups: list[WorkerOptions]) -> None:
     """Refuse to start without every module of TASK_MODULES, or on a database that has
     not applied every migration of django_pgqueue: one line that says what to do,
-    instead of the error of the first statement that meets a missing table."""
+    instead of the error of the first statement that meets a missing table. Nor,
+    with encrypted tasks, without a usable key (encryption.py)."""
     missing_modules = missing_task_modules()
     if missing_modules:
         listed = ", ".join(f"{m!r} ({reason})" for m, reason in missing_modules.items())
@@ -213,6 +215,11 @@ def _check_ready(groups: list[WorkerOptions]) -> None:
             f"PGQUEUE['TASK_MODULES'] lists what cannot be imported: {listed}; correct it "
             "to start a worker"
         )
+    encrypting = sorted(d.name for d in registry.all() if d.encrypt)
+    if encrypting or get_settings().ENCRYPT_ALL:
+        problem = encryption.key_problem()
+        if problem is not None:  # it would fail every encrypted task it claims
+            raise CommandError(f"{problem}; encrypted tasks cannot run without it")
     for group in groups:
         try:
             missing = unapplied_migrations(group.database)

@@ -13,7 +13,7 @@ from django.db.models.functions import Now
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("django_pgqueue", "0015_worker_version"),
+        ("django_pgqueue", "0018_sequences"),
     ]
 
     operations = [

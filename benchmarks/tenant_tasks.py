@@ -1,0 +1,34 @@
+"""The tasks of ``python -m benchmarks.tenants`` (docs/tenants.md): loaded by the
+workers only when PGQUEUE_BENCH_TENANTS=1 (benchmarks/settings.py), so that the other
+workloads' workers keep the plain claim. PGQUEUE_BENCH_API_MS: the round trip of the
+remote API the batch workload's handlers call (0: none)."""
+
+import os
+import time
+
+from django_pgqueue import BatchCall, task
+
+
+@task(fair_key=lambda key, n: key)
+def fair_probe(key: str, n: int) -> float:
+    """A fair no-op that returns the wall-clock time its handler started (same host as
+    the benchmark): due -> start is that, less the row's run_at."""
+    return time.time()
+
+
+# A remote API's round trip per request, for the batch workload (milliseconds).
+API_SECONDS = float(os.environ.get("PGQUEUE_BENCH_API_MS", "0")) / 1000
+
+
+@task(batch_size=100, batch_wait=0.05)
+def batch_call(batch: list[BatchCall]) -> None:
+    """One request for up to 100 calls."""
+    if API_SECONDS:
+        time.sleep(API_SECONDS)
+
+
+@task
+def one_call(n: int) -> None:
+    """One request per call."""
+    if API_SECONDS:
+        time.sleep(API_SECONDS)

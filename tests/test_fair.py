@@ -1,0 +1,411 @@
+"""Fair share by key (docs/tenants.md): keys of a fair task take turns in the claim, in
+proportion to their weights, whatever their backlogs.
+
+The SQL tests call the statements as a worker does (tests/sqlhelpers.py, with the fair
+routes claimed as fair); the last test runs a real worker process.
+"""
+
+from __future__ import annotations
+
+import io
+import threading
+import uuid
+from collections import Counter
+
+import pytest
+from django.core.exceptions import ImproperlyConfigured
+from django.core.management import CommandError, call_command
+from django.test import override_settings
+from django.urls import reverse
+
+from django_pgqueue import operations, task
+from django_pgqueue.exceptions import InvalidTaskError
+from django_pgqueue.fairness import parse_weights
+from django_pgqueue.models import Task
+from django_pgqueue.registry import registry
+from django_pgqueue.sql import QUERIES, execute
+from django_pgqueue.worker.claimed import claimed_rows
+from django_pgqueue.worker.claimer import claim_statement, route_params
+from django_pgqueue.worker.slots import SlotPool
+from django_pgqueue.worker.stats import WorkerStats
+from tests import ledger, tasks
+from tests.conftest import wait_until
+from tests.sqlhelpers import all_routes, claim, settle, success
+from tests.tenant_tasks import fair_job, fair_other, fair_run
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+FAIR_JOB = (fair_job.name, fair_job.version)
+
+
+def keys_of(claimed) -> Counter:
+    keys = dict(Task.objects.values_list("id", "fair_key"))
+    return Counter(keys[t.id] for t in claimed)
+
+
+def fair_claim(pg, limit: int, routes=None):
+    return claim(pg, limit, routes=[FAIR_JOB] if routes is None else routes, fair=True)
+
+
+def drain(pg, limit: int, rounds: int, routes=None) -> list[Counter]:
+    """Claim ``rounds`` times and settle each claim: the keys each claim took."""
+    taken = []
+    for _ in range(rounds):
+        claimed = fair_claim(pg, limit, routes)
+        taken.append(keys_of(claimed))
+        settle(pg, [success(t) for t in claimed])
+    return taken
+
+
+# -- the key ---------------------------------------------------------------------------
+def test_the_fair_key_is_computed_at_enqueue_and_stored():
+    one = fair_job.enqueue("acme", 1)
+    many = fair_job.enqueue_many([("acme", 2), ("globex", 3)])
+    given = fair_job.using(fair_key="tenant:9").enqueue("acme", 4)
+    keyless = fair_job.enqueue(None, 5)
+
+    keys = dict(Task.objects.values_list("id", "fair_key"))
+    assert keys[one] == "customer:acme"
+    assert [keys[i] for i in many] == ["customer:acme", "customer:globex"]
+    assert keys[given] == "tenant:9"
+    assert keys[keyless] == ""  # the calls without a key share one flow
+    assert Task.objects.filter(task_name=tasks.noop.name).count() == 0
+
+
+def test_a_task_that_is_not_fair_has_no_key_and_refuses_one():
+    plain = tasks.noop.enqueue(1)
+
+    assert Task.objects.get(id=plain).fair_key is None
+    with pytest.raises(InvalidTaskError, match="not a fair task"):
+        tasks.noop.using(fair_key="customer:1")
+    assert Task.objects.count() == 1
+
+
+def test_a_key_function_that_raises_or_returns_a_non_string_fails_the_enqueue():
+    @task(name="tests.fair_broken",
+          fair_key=lambda n: f"k{n}" if n > 1 else ({"n": n} if n else 1 / n))
+    def broken(n: int) -> None: ...
+
+    try:
+        with pytest.raises(InvalidTaskError, match=r"fair_key function .* raised ZeroDivision"):
+            broken.enqueue(0)
+        with pytest.raises(InvalidTaskError, match="must be a non-empty string, not a dict"):
+            broken.enqueue(1)
+        with pytest.raises(InvalidTaskError, match=r"item 1: .*not a dict"):
+            broken.enqueue_many([(2,), (1,)])
+    finally:
+        registry.unregister("tests.fair_broken")
+    assert Task.objects.count() == 0
+
+
+def test_a_fair_key_that_is_not_a_function_is_refused_at_declaration():
+    with pytest.raises(ImproperlyConfigured, match="fair_key must be a function"):
+
+        @task(name="tests.fair_not_callable", fair_key="customer")  # type: ignore[arg-type]
+        def nope() -> None: ...
+
+    assert "tests.fair_not_callable" not in registry
+
+
+def test_fair_weights_are_checked_and_a_key_takes_its_most_specific_weight():
+    weights = parse_weights({"customer:vip-*": 3, "customer:vip-9": 7, "customer:*": 0.5})
+
+    assert weights.of("customer:vip-9") == 7  # the key itself
+    assert weights.of("customer:vip-1") == 3  # the longest prefix
+    assert weights.of("customer:1") == 0.5
+    assert weights.of("other") == 1
+    for bad, message in [
+        ({"a": 0}, "must be a number > 0"),
+        ({"a": float("nan")}, "must be a number > 0"),
+        ({"a": True}, "must be a number > 0"),
+        ({"": 1}, "is not a key or a prefix"),
+        ({"a*b": 1}, "is not a key or a prefix"),
+        (["a"], "must be a dict"),
+    ]:
+        with pytest.raises(ValueError, match=message):
+            parse_weights(bad)
+
+
+# -- the claim -------------------------------------------------------------------------
+def test_one_key_with_due_work_gets_every_slot(pg):
+    fair_job.enqueue_many([("acme", n) for n in range(50)])
+
+    claimed = fair_claim(pg, 20)
+
+    assert keys_of(claimed) == {"customer:acme": 20}
+
+
+def test_keys_take_turns_whatever_their_backlogs(pg):
+    # Given a customer with 1,000 tasks enqueued first, then two with 10 each
+    fair_job.enqueue_many([("big", n) for n in range(1000)])
+    fair_job.enqueue_many([("small", n) for n in range(10)])
+    for n in range(10):
+        fair_job.enqueue("tiny", n)
+
+    # When claims take 6 at a time
+    taken = drain(pg, 6, 6)
+
+    # Then each customer gets a third of each claim while all three have work, and the
+    # big one every slot once the others are done
+    assert taken[:3] == [{"customer:big": 2, "customer:small": 2, "customer:tiny": 2}] * 3
+    assert sum(taken, Counter())["customer:small"] == 10
+    assert taken[-1] == {"customer:big": 6}
+
+
+def test_weights_share_the_slots_in_proportion(pg):
+    with override_settings(PGQUEUE={"FAIR_WEIGHTS": {"customer:gold-*": 3}}):
+        fair_job.enqueue_many([("basic", n) for n in range(200)])
+        fair_job.enqueue_many([("gold-1", n) for n in range(200)])
+
+        taken = sum(drain(pg, 20, 4), Counter())
+
+    assert taken == {"customer:gold-1": 60, "customer:basic": 20}
+
+
+def test_a_weight_set_at_runtime_wins_over_the_settings_for_tasks_due_after_it(pg):
+    with override_settings(PGQUEUE={"FAIR_WEIGHTS": {"customer:a": 4}}):
+        operations.set_fair_weight("customer:*", 2)
+        operations.set_fair_weight("customer:a", 1)
+        fair_job.enqueue_many([("a", n) for n in range(100)])
+        fair_job.enqueue_many([("b", n) for n in range(100)])
+        fair_job.enqueue_many([("c", n) for n in range(100)])
+        assert operations.runtime_fair_weights() == {"customer:*": 2.0, "customer:a": 1.0}
+
+        taken = sum(drain(pg, 25, 2), Counter())
+
+    # a: 1 (its own row wins over the settings' 4), b and c: 2 (the prefix)
+    assert taken == {"customer:a": 10, "customer:b": 20, "customer:c": 20}
+    assert operations.clear_fair_weight("customer:a") is True
+    assert operations.clear_fair_weight("customer:a") is False
+    with pytest.raises(InvalidTaskError, match="must be a number > 0"):
+        operations.set_fair_weight("customer:a", -1)
+
+
+def test_priorities_order_the_work_of_a_key_and_keys_share_within_a_priority(pg):
+    first = fair_job.enqueue_many([("a", n) for n in range(5)])
+    urgent = fair_job.using(priority=5).enqueue("a", 99)
+    fair_job.enqueue_many([("b", n) for n in range(5)])
+
+    claimed = fair_claim(pg, 5)
+
+    ids = {t.id for t in claimed}
+    assert urgent in ids  # a higher priority goes first (across keys too)
+    assert keys_of(claimed) == {"customer:a": 3, "customer:b": 2}
+    assert ids & set(first) == set(first[:2])  # then the key's tasks in order
+
+
+def test_a_key_back_from_an_idle_spell_gets_its_turns_not_a_burst(pg):
+    # Given a customer served long ago, and two busy ones served for a while since
+    fair_job.enqueue("back", 0)
+    drain(pg, 1, 1)
+    fair_job.enqueue_many([("a", n) for n in range(100)])
+    fair_job.enqueue_many([("b", n) for n in range(100)])
+    drain(pg, 10, 4)
+
+    # When it comes back with 30 tasks
+    fair_job.enqueue_many([("back", n) for n in range(30)])
+
+    # Then it takes its third of the next claims, not the turns it did not use
+    taken = drain(pg, 9, 2)
+    assert taken == [{"customer:a": 3, "customer:b": 3, "customer:back": 3}] * 2
+
+
+def test_scheduled_tasks_of_a_key_take_turns_when_they_become_due(pg):
+    # Given 50 tasks of a customer scheduled for one moment, and another's backlog
+    fair_job.using(delay=3600).enqueue_many([("later", n) for n in range(50)])
+    fair_job.enqueue_many([("now", n) for n in range(50)])
+    assert Task.objects.filter(state="scheduled", fair_tag__isnull=True).count() == 50
+
+    # When they come due (the stager makes them pending, in the claim's helper)
+    pg.execute("UPDATE pgqueue_task SET run_at = now() WHERE state = 'scheduled'")
+    taken = drain(pg, 10, 2)
+
+    # Then they share with the backlog instead of all going first
+    assert taken == [{"customer:later": 5, "customer:now": 5}] * 2
+
+
+def test_two_fair_tasks_are_flows_of_their_own_beside_plain_tasks(pg):
+    fair_job.enqueue_many([("a", n) for n in range(20)])
+    fair_other.enqueue_many([("a", n) for n in range(20)])
+    tasks.noop.enqueue_many(range(20))
+
+    claimed = fair_claim(pg, 9, routes=[FAIR_JOB, (fair_other.name, 1), (tasks.noop.name, 1)])
+
+    assert Counter(t.task_name for t in claimed) == {
+        fair_job.name: 3, fair_other.name: 3, tasks.noop.name: 3,
+    }  # fmt: skip
+
+
+def test_tasks_of_a_fair_task_enqueued_without_a_key_run_when_the_keyed_leave_room(pg):
+    # Given tasks of a fair task enqueued by a release that did not know it as fair
+    fair_job.enqueue_many([("a", n) for n in range(4)])
+    old = [fair_job.enqueue("a", 10 + n) for n in range(3)]
+    Task.objects.filter(id__in=old).update(fair_key=None, fair_tag=None)
+
+    # When claims take 3, then 10
+    first = fair_claim(pg, 3)
+    second = fair_claim(pg, 10)
+
+    # Then the keyed ones fill the first, and the rest takes the ones without a key
+    assert keys_of(first) == {"customer:a": 3}
+    assert sorted(t.id for t in second if t.id in old) == old
+    assert len(second) == 4
+
+
+def test_the_fair_claim_takes_what_the_full_claim_takes(pg):
+    """claim_fair is claim reduced for a lane with fair routes and no limits or
+    starvation escape: on the same table both take the same rows in the same order."""
+    fair_job.enqueue_many([("a", n) for n in range(40)])
+    fair_job.using(priority=3).enqueue_many([("b", n) for n in range(7)])
+    fair_job.enqueue_many([("c", n) for n in range(9)])
+    fair_other.enqueue_many([("a", n) for n in range(5)])
+    tasks.noop.enqueue_many(range(12))
+    keyless = fair_job.enqueue_many([("d", n) for n in range(4)])
+    Task.objects.filter(id__in=keyless).update(fair_key=None, fair_tag=None)
+    routes = [FAIR_JOB, (fair_other.name, 1), (tasks.noop.name, 1)]
+
+    def take(statement: str, limit: int, batch_bytes: int | None) -> list[int]:
+        params = {
+            **route_params(["default"], routes, 3600, claim_batch_bytes=batch_bytes,
+                           fair_routes={FAIR_JOB, (fair_other.name, 1)}),
+            "look_for_starving": False, "limit": limit, "token": str(uuid.uuid4()),
+            "lease_seconds": 30, "worker_id": "w1",
+        }  # fmt: skip
+        assert claim_statement(params) == "claim_fair"
+        with pg.transaction(force_rollback=True):
+            claimed = execute(pg, statement, params, row_factory=claimed_rows).fetchall()
+        return sorted(t.id for t in claimed)
+
+    for limit in (1, 4, 13, 100):
+        for batch_bytes in (None, 200):
+            assert take("claim_fair", limit, batch_bytes) == take("claim", limit, batch_bytes)
+
+
+def test_the_fair_claims_update_and_columns_are_the_plain_claims():
+    plain = QUERIES["claim_plain"][QUERIES["claim_plain"].index("UPDATE pgqueue_task AS t"):]
+    fair = QUERIES["claim_fair"][QUERIES["claim_fair"].index("UPDATE pgqueue_task AS t"):]
+
+    assert fair == plain
+
+
+def test_a_lane_without_fair_tasks_claims_with_the_plain_statement():
+    params = {**route_params(["default"], all_routes(), 60.0), "look_for_starving": False}
+
+    assert claim_statement(params) == "claim_plain"
+
+
+def test_a_worker_starts_another_customers_tasks_before_a_big_backlog_drains(
+    start_worker, tmp_path
+):
+    # Given one customer's 300 tasks enqueued before 10 tasks of another
+    fair_run.enqueue_many([("big", n, 0.002) for n in range(300)])
+    small = fair_run.enqueue_many([("small", n, 0.002) for n in range(10)])
+
+    # When one worker drains them
+    path = tmp_path / "ledger.jsonl"
+    env = {"PGQUEUE_TEST_TENANTS": "1", ledger.LEDGER_ENV: str(path)}
+    start_worker("--concurrency", "4", "--burst", env=env).wait(120)
+
+    # Then the small customer's tasks started among the first, not after the backlog
+    assert Task.objects.filter(state="succeeded").count() == 310
+    starts = [e["task"] for e in ledger.read(path) if e["event"] == "start"]
+    assert len(starts) == 310
+    assert max(starts.index(task_id) for task_id in small) < 40, starts.index(small[-1])
+
+
+# -- who is getting what ---------------------------------------------------------------
+def test_the_shares_say_per_key_what_is_due_running_and_started(pg):
+    fair_job.enqueue_many([("a", n) for n in range(10)])
+    fair_job.enqueue_many([("b", n) for n in range(4)])
+    tasks.noop.enqueue(1)  # not a fair task: not a key
+    claimed = fair_claim(pg, 4)
+
+    running = {r["key"]: r for r in operations.fair_shares(using="default")}
+    settle(pg, [success(t) for t in claimed])
+    settled = {r["key"]: r for r in operations.fair_shares(using="default")}
+    searched = operations.fair_shares(search="r:b", using="default")
+
+    assert {k: (r["pending"], r["running"], r["started"]) for k, r in running.items()} == {
+        "customer:a": (8, 2, 2), "customer:b": (2, 2, 2),
+    }  # fmt: skip
+    assert {k: (r["pending"], r["running"], r["started"]) for k, r in settled.items()} == {
+        "customer:a": (8, 0, 2), "customer:b": (2, 0, 2),
+    }  # fmt: skip
+    assert [r["key"] for r in searched] == ["customer:b"]
+
+
+def test_the_fair_command_sets_lists_and_clears_weights_and_shows_shares(pg):
+    out = io.StringIO()
+    with override_settings(PGQUEUE={"FAIR_WEIGHTS": {"customer:gold-*": 3}}):
+        call_command("pgqueue_fair", "weight", "customer:42", "5", stdout=out)
+        call_command("pgqueue_fair", "weights", stdout=out)
+        fair_job.enqueue_many([("42", n) for n in range(3)])
+        call_command("pgqueue_fair", "shares", stdout=out)
+        call_command("pgqueue_fair", "clear", "customer:42", stdout=out)
+        with pytest.raises(CommandError, match="must be a number > 0"):
+            call_command("pgqueue_fair", "weight", "customer:42", "0")
+
+    text = out.getvalue()
+    assert "customer:gold-*  3  (settings)" in text
+    assert "customer:42  5  (runtime)" in text
+    assert "customer:42  3" in text  # three due
+    assert "customer:42: runtime weight removed" in text
+    assert operations.runtime_fair_weights() == {}
+
+
+def test_the_overview_shows_the_top_keys_and_finds_a_key(admin_client):
+    overview = reverse("admin:django_pgqueue_queueoverview_changelist")
+    fair_job.enqueue_many([("a", n) for n in range(7)])
+    fair_job.enqueue_many([("b", n) for n in range(3)])
+
+    html = admin_client.get(overview).content.decode()
+    found = admin_client.get(overview, {"key": "r:b"}).content.decode()
+    missing = admin_client.get(overview, {"key": "nobody"}).content.decode()
+
+    section = html.split('id="pgqueue-fair-shares"', 1)[1]
+    assert '<tr data-fair-key="customer:a">' in section and '<td class="num">7</td>' in section
+    assert '<tr data-fair-key="customer:b">' in section
+    assert 'data-fair-key="customer:a"' not in found and 'data-fair-key="customer:b"' in found
+    assert 'No fair key matches "nobody"' in missing
+
+
+def test_the_overview_has_no_tenants_section_without_fair_tasks(admin_client):
+    tasks.noop.enqueue(1)
+
+    html = admin_client.get(reverse("admin:django_pgqueue_queueoverview_changelist")).content
+    assert b"pgqueue-tenants" not in html
+
+
+def test_a_key_with_nothing_waiting_for_a_slot_goes_ahead_of_a_busy_keys_prefetch(pg):
+    # Given a worker's one slot busy with a task of a key whose 4 more tasks wait for it
+    fair_job.enqueue_many([("busy", n) for n in range(5)])
+    busy = fair_claim(pg, 5)
+    fair_job.enqueue("other", 0)
+    other = fair_claim(pg, 1)
+    plain = fair_claim(pg, 0)  # nothing: every task is claimed
+    started: list[str | None] = []
+    release = threading.Event()
+
+    def execute(task):
+        started.append(task.fair_key)
+        release.wait(10)
+        return None
+
+    pool = SlotPool(1, execute, prefetch=10, on_outcome=lambda outcome: None,
+                    stats=WorkerStats(), timeout_grace=10, write_off_limit=3,
+                    on_recycle=lambda reason: None)  # fmt: skip
+    pool.start()
+    try:
+        pool.submit(sorted(busy, key=lambda t: t.id))
+        wait_until(lambda: started, message="the first task to start")
+
+        # When a task of another key is claimed
+        pool.submit(other)
+        release.set()
+        wait_until(lambda: len(started) == 6, message="every task to start")
+    finally:
+        pool.stop()
+
+    # Then it starts next, not after the busy key's prefetched tasks
+    assert started == ["customer:busy", "customer:other"] + ["customer:busy"] * 4
+    assert plain == [] and pool._waiting_keys == {}
