@@ -261,7 +261,7 @@ def test_the_stager_makes_due_only_the_rows_of_the_queues_it_is_given(pg):
         for queue in ("default", "other")
     ]  # fmt: skip
 
-    staged = pg.execute(QUERIES["stage"], {"queues": ["default"], "limit": 100}).fetchall()
+    staged = pg.execute(QUERIES["stage"], stage_params(["default"], 100)).fetchall()
 
     assert [(q, n) for q, n, _notified, _expired in staged] == [("default", 2)]
     states = {t.pk: t.state for t in Task.objects.all()}

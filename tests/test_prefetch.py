@@ -2,6 +2,7 @@
 claims in bigger batches (fewer durable commits per task). Their leases are renewed like
 any other, and their timeouts count from their start, not from their claim."""
 
+import re
 import signal
 
 import pytest
@@ -30,9 +31,11 @@ def stopped(worker):
 
 
 def stats(worker) -> dict[str, int]:
-    """The counters a stopped worker logs on its way out."""
-    line = worker.log().rsplit("stopped: ", 1)[1].splitlines()[0]
-    return {key: int(value) for key, value in (item.split("=") for item in line.split())}
+    """What a stopped worker says it claimed, in the line it logs on its way out
+    ("worker ID stopped: 5 task(s) claimed; ..." or "... stopped: no task claimed")."""
+    line = worker.log().rsplit(" stopped: ", 1)[1].splitlines()[0]
+    claimed = re.match(r"(\d+) task\(s\) claimed", line)
+    return {"claimed": int(claimed.group(1)) if claimed else 0}
 
 
 def test_a_worker_holds_its_prefetch_claimed_beyond_its_busy_slots(start_worker):

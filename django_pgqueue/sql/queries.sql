@@ -457,11 +457,11 @@ SELECT nextval('pgqueue_task_id_seq');
 --   (id, attempt, token) still names each claim uniquely.
 -- * The statement commits, durably, before any handler runs (a claim lost in a server
 --   crash would put the row back to pending while its handler runs); it returns the
---   database's clock so the handler's deadline is derived from it. The row's times
---   (started_at, the lease, claimed_at) are the statement's (statement_timestamp()), not
---   the transaction's now(): a limited claim runs in a transaction that may have waited
---   for its queues' lock, and a task it takes may have become due (a parent's settle
---   committed) after that transaction began.
+--   database's clock so the handler's deadline is derived from it. Every time it reads
+--   or writes (due rows, rates, started_at, the lease, claimed_at) is the statement's
+--   (statement_timestamp()), not the transaction's now(): a limited claim runs in a
+--   transaction that may have waited for its queues' lock, and a task it takes may have
+--   become due (a parent's settle committed) after that transaction began.
 -- * Columns are returned by name: the worker reads them into ClaimedTask by name.
 -- * Paused queues and paused task names (pgqueue_queue, by primary key) drop out of
 --   routes: a pause is honoured by the next claim of every worker.
@@ -548,7 +548,7 @@ limits AS MATERIALIZED (
            (SELECT count(*)
               FROM pgqueue_task AS t
              WHERE t.state = 'running' AND t.queue = l.queue) AS running,
-           GREATEST(q.rate_tat, now()) AS tat
+           GREATEST(q.rate_tat, statement_timestamp()) AS tat
       FROM unnest(%(limit_queues)s::text[], %(limit_concurrency)s::int[],
                   %(limit_rate_intervals)s::float8[], %(limit_rate_bursts)s::int[])
            AS l(queue, concurrency, rate_interval, rate_burst)
@@ -560,7 +560,7 @@ room AS MATERIALIZED (
                       THEN GREATEST(0, concurrency - running) END,
                  CASE WHEN rate_interval IS NOT NULL
                       THEN GREATEST(0, floor(((rate_burst - 1) * rate_interval
-                                              - EXTRACT(EPOCH FROM tat - now()))
+                                              - EXTRACT(EPOCH FROM tat - statement_timestamp()))
                                              / rate_interval)::int + 1) END
            ) AS room
       FROM limits
@@ -582,7 +582,7 @@ window_open AS MATERIALIZED (
                SELECT 1
                  FROM pgqueue_queue AS w
                 WHERE w.name = q.queue
-                  AND w.last_escape_at > now() - make_interval(secs => %(escape_window_seconds)s))
+                  AND w.last_escape_at > statement_timestamp() - make_interval(secs => %(escape_window_seconds)s))
 ),
 starving AS MATERIALIZED (
     SELECT s.queue, s.id
@@ -596,7 +596,7 @@ starving AS MATERIALIZED (
                            WHERE t.state = 'pending'
                              AND t.queue = r.queue AND t.task_name = r.task_name
                              AND t.handler_version = r.version
-                             AND t.run_at <= now() - make_interval(secs => %(starvation_seconds)s)
+                             AND t.run_at <= statement_timestamp() - make_interval(secs => %(starvation_seconds)s)
                            ORDER BY t.run_at, t.id
                            LIMIT 1
                       ) AS o
@@ -607,10 +607,10 @@ starving AS MATERIALIZED (
 ),
 window_taken AS (
     INSERT INTO pgqueue_queue AS w (name, last_escape_at)
-    SELECT queue, now() FROM starving
+    SELECT queue, statement_timestamp() FROM starving
         ON CONFLICT (name) DO UPDATE
-       SET last_escape_at = now()
-     WHERE w.last_escape_at <= now() - make_interval(secs => %(escape_window_seconds)s)
+       SET last_escape_at = statement_timestamp()
+     WHERE w.last_escape_at <= statement_timestamp() - make_interval(secs => %(escape_window_seconds)s)
     RETURNING w.name
 ),
 escaped AS MATERIALIZED (
@@ -703,7 +703,7 @@ key_rates AS MATERIALIZED (
     SELECT c.queue, c.key,
            GREATEST((SELECT kr.tat
                        FROM pgqueue_key_rate AS kr
-                      WHERE kr.queue = c.queue AND kr.key = c.key), now()) AS tat
+                      WHERE kr.queue = c.queue AND kr.key = c.key), statement_timestamp()) AS tat
       FROM (SELECT DISTINCT queue, concurrency_key AS key
               FROM candidates
              WHERE key_rate_interval IS NOT NULL AND concurrency_key IS NOT NULL) AS c
@@ -722,7 +722,7 @@ allowed AS MATERIALIZED (
        AND (k.key_rate_interval IS NULL OR k.concurrency_key IS NULL
             OR k.nth_of_key <= (
                    SELECT floor(((k.key_rate_burst - 1) * k.key_rate_interval
-                                 - EXTRACT(EPOCH FROM kr.tat - now()))
+                                 - EXTRACT(EPOCH FROM kr.tat - statement_timestamp()))
                                 / k.key_rate_interval)::int + 1
                      FROM key_rates AS kr
                     WHERE kr.queue = k.queue AND kr.key = k.concurrency_key))
