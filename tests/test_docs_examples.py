@@ -202,7 +202,9 @@ def shop(db: None, tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[S
         sys.path.remove(str(tmp_path))
         for name in [m for m in sys.modules if m == package or m.startswith(package + ".")]:
             del sys.modules[name]
-        registry.unregister(f"{package}.tasks.send_receipt")
+        for definition in registry.all():  # the page's tasks: send_receipt, and others
+            if definition.name.startswith(f"{package}."):
+                registry.unregister(definition.name)
         apps.all_models["testapp"].pop("order", None)
         apps.clear_cache()
 
