@@ -31,7 +31,8 @@ SOURCES = sorted(
 # "pip install" and its arguments, up to the end of the command: a backtick (inline
 # code), a shell operator, a comment, a closing parenthesis or quote of prose, or the
 # line's end.
-COMMAND = re.compile(r"pip install ([^`\n&;#)]*)")
+# Prose may break the line inside inline code, after "pip" or "install".
+COMMAND = re.compile(r"pip\s+install\s+([^`\n&;#)]*)")
 REQUIREMENT = re.compile(r"(?P<name>\.|[A-Za-z0-9][A-Za-z0-9._-]*)(?:\[(?P<extras>[^\]]*)\])?")
 
 
@@ -43,20 +44,20 @@ def install_lines() -> list[tuple[str, str, str | None]]:
     """(where, requirement's name, its extras) for each requirement of this project."""
     found = []
     for path in SOURCES:
-        for number, line in enumerate(path.read_text().splitlines(), start=1):
-            for command in COMMAND.finditer(line):
-                try:
-                    words = shlex.split(command.group(1).strip().rstrip("'\"`.,:"))
-                except ValueError:  # an unbalanced quote in prose: take the words as they are
-                    words = command.group(1).split()
-                for word in words:
-                    match = REQUIREMENT.fullmatch(word.rstrip(",;:").strip("'\""))
-                    if word.startswith("-") or not match:
-                        continue
-                    name = match.group("name")
-                    if name == "." or normalize(name).startswith("django-pgqueue"):
-                        where = f"{path.relative_to(REPO)}:{number}"
-                        found.append((where, name, match.group("extras")))
+        text = path.read_text()
+        for command in COMMAND.finditer(text):
+            where = f"{path.relative_to(REPO)}:{text.count(chr(10), 0, command.start()) + 1}"
+            try:
+                words = shlex.split(command.group(1).strip().rstrip("'\"`.,:"))
+            except ValueError:  # an unbalanced quote in prose: take the words as they are
+                words = command.group(1).split()
+            for word in words:
+                match = REQUIREMENT.fullmatch(word.rstrip(",;:").strip("'\""))
+                if word.startswith("-") or not match:
+                    continue
+                name = match.group("name")
+                if name == "." or normalize(name).startswith("django-pgqueue"):
+                    found.append((where, name, match.group("extras")))
     return found
 
 
