@@ -5,7 +5,9 @@
   which page);
 - the tutorial (docs/quickstart.md) is under 1,200 words, and no page of the nav's
   "How-to guides" section is over 3,000;
-- no page reads like a diary of how its figures came about.
+- no page reads like a diary of how its figures came about;
+- the glossary defines the terms the pages link to, each under a heading whose slug
+  is its anchor (the same on the site and on GitHub).
 
 Words are counted as ``wc -w`` counts them: runs of characters between whitespace,
 prose, code blocks and tables alike.
@@ -123,3 +125,38 @@ def test_no_page_is_a_diary(page: str):
         assert found, f"{page} has no diary phrase now: drop it from KNOWN_DIARY"
     else:
         assert not found, f"{page} reads like a diary: {found}"
+
+
+# The anchors the pages link to (glossary.md#lease).
+GLOSSARY_ANCHORS = [
+    "lease", "lease-token", "fence", "settle", "attempt", "claim", "slot", "lane", "stager",
+    "heartbeat", "sweep", "write-off", "park", "dead-letter", "revive", "unique-key",
+    "snooze", "checkpoint", "waiting-task", "chord", "fair-share", "sequence",
+    "batch-handler", "burst", "backlog", "drain", "workloads", "the-soak", "evalplanqual",
+    "process-mode", "atomic-task", "doctor",
+]  # fmt: skip
+
+
+def slug(heading: str) -> str:
+    """The anchor of a heading, as mkdocs's toc and GitHub make it for plain words."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def glossary_anchors() -> set[str]:
+    headings = re.findall(r"^#{2,3} (.+)$", (DOCS / "glossary.md").read_text(), re.M)
+    return {slug(heading) for heading in headings}
+
+
+def test_the_glossary_defines_every_term_the_pages_link_to():
+    assert set(GLOSSARY_ANCHORS) <= glossary_anchors()
+
+
+def test_every_link_into_the_glossary_names_one_of_its_terms():
+    defined = glossary_anchors()
+    links = {
+        (page, anchor)
+        for page in PAGES
+        for anchor in re.findall(r"glossary\.md#([\w-]+)", (DOCS / page).read_text())
+    }
+    unknown = sorted(link for link in links if link[1] not in defined)
+    assert not unknown, f"links to terms the glossary does not define: {unknown}"
