@@ -4,7 +4,13 @@ says what it is; a page that names one the code no longer has fails too."""
 
 from __future__ import annotations
 
+import argparse
+import importlib
+import pkgutil
 import re
+
+import pytest
+from django.core.management.base import BaseCommand
 
 from tests.conftest import REPO
 
@@ -57,3 +63,104 @@ def test_each_check_is_documented_at_its_level():
     for check_id, cells in table_rows(page("checks.md"), "id").items():
         level = {"E": "error", "W": "warning"}[check_id.rsplit(".", 1)[1][0]]
         assert cells[1] == level, check_id
+
+
+# -- management commands (docs/commands.md) -------------------------------------------
+
+
+def commands() -> dict[str, BaseCommand]:
+    """Every management command of the app, by name."""
+    from django_pgqueue.management import commands as package
+
+    found = {}
+    for module in pkgutil.iter_modules(package.__path__):
+        if not module.name.startswith("_"):
+            command = importlib.import_module(f"{package.__name__}.{module.name}").Command()
+            found[module.name] = command
+    return found
+
+
+def own_arguments(parser: argparse.ArgumentParser) -> list[argparse.Action]:
+    """The parser's arguments, without Django's own options and --help."""
+    django = {
+        s for a in BaseCommand().create_parser("manage.py", "x")._actions for s in a.option_strings
+    }
+    return [
+        a
+        for a in parser._actions
+        if not set(a.option_strings) & django and not isinstance(a, argparse._HelpAction)
+    ]
+
+
+def command_sections() -> dict[str, list[str]]:
+    """{command: the first cells of its section's tables, without backticks}."""
+    sections: dict[str, list[str]] = {}
+    for part in re.split(r"^## ", page("commands.md"), flags=re.M)[1:]:
+        title, _, body = part.partition("\n")
+        rows = {}
+        for header in ("flag", "argument or flag", "subcommand, argument or flag"):
+            rows |= table_rows(body, header)
+        sections[title.strip().strip("`")] = list(rows)
+    return sections
+
+
+def missing_arguments(
+    parser: argparse.ArgumentParser, cells: list[str], sub: str = ""
+) -> list[str]:
+    """The arguments of ``parser`` that no cell names (within subcommand ``sub``'s
+    cells, for a subcommand's parser)."""
+    missing = []
+    for action in own_arguments(parser):
+        if isinstance(action, argparse._SubParsersAction):
+            for name, subparser in action.choices.items():
+                mine = [c for c in cells if c.split()[0] == name]
+                missing += [name] if not mine else missing_arguments(subparser, mine, name)
+            continue
+        if action.option_strings:
+            wanted = max(action.option_strings, key=len)
+            named = any(wanted in re.findall(r"--[a-z-]+", c) for c in cells)
+        else:
+            wanted = action.metavar or action.dest.upper()
+            named = any(wanted in c.split() for c in cells)
+        if not named:
+            missing.append(f"{sub} {wanted}".strip())
+    return missing
+
+
+def flags_of(parser: argparse.ArgumentParser) -> set[str]:
+    flags = set()
+    for action in own_arguments(parser):
+        if isinstance(action, argparse._SubParsersAction):
+            for subparser in action.choices.values():
+                flags |= flags_of(subparser)
+        flags |= set(action.option_strings)
+    return flags
+
+
+def test_every_command_has_a_section_in_the_commands_reference_and_no_other():
+    assert sorted(command_sections()) == sorted(commands())
+
+
+@pytest.mark.parametrize("name", sorted(commands()))
+def test_every_argument_of_a_command_is_in_its_section(name):
+    parser = commands()[name].create_parser("manage.py", name)
+
+    assert missing_arguments(parser, command_sections()[name]) == []
+
+
+@pytest.mark.parametrize("name", sorted(commands()))
+def test_every_flag_a_section_names_is_one_of_its_command(name):
+    parser = commands()[name].create_parser("manage.py", name)
+    named = {f for cell in command_sections()[name] for f in re.findall(r"--[a-z-]+", cell)}
+
+    assert sorted(named - flags_of(parser)) == []
+
+
+def test_each_worker_flag_names_the_setting_it_overrides():
+    from django_pgqueue.conf import SETTINGS
+
+    cells = table_rows(page("commands.md"), "flag")
+    by_flag = {key.split()[0]: row for key, row in cells.items()}
+    for setting in SETTINGS:
+        if setting.flag is not None:
+            assert by_flag[setting.flag][1] == f"`{setting.name}`", setting.flag
