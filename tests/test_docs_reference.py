@@ -6,11 +6,14 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import inspect
+import json
 import pkgutil
 import re
 
 import pytest
 from django.core.management.base import BaseCommand
+from django.dispatch import Signal
 
 from tests.conftest import REPO
 
@@ -164,3 +167,134 @@ def test_each_worker_flag_names_the_setting_it_overrides():
     for setting in SETTINGS:
         if setting.flag is not None:
             assert by_flag[setting.flag][1] == f"`{setting.name}`", setting.flag
+
+
+# -- the Python API (docs/api.md) -----------------------------------------------------
+
+# The modules docs/api.md documents, each under a heading of its name.
+API_MODULES = (
+    "django_pgqueue",
+    "django_pgqueue.testing",
+    "django_pgqueue.workflows",
+    "django_pgqueue.periodic",
+    "django_pgqueue.operations",
+    "django_pgqueue.middleware",
+    "django_pgqueue.signals",
+    "django_pgqueue.backends",
+    "django_pgqueue.embedded",
+    "django_pgqueue.admin",
+    "django_pgqueue.doctor",
+    "django_pgqueue.celery",
+)
+IDENTIFIER = re.compile(r"`([A-Za-z_][A-Za-z0-9_]*)`")
+
+
+def public_names(module_name: str) -> set[str]:
+    """The module's ``__all__``; without one, the functions, classes and Django signals
+    it defines under a name without a leading underscore."""
+    module = importlib.import_module(module_name)
+    if hasattr(module, "__all__"):
+        return set(module.__all__)
+    source = inspect.getsource(module)
+    return {
+        name
+        for name, value in vars(module).items()
+        if not name.startswith("_")
+        and (
+            getattr(value, "__module__", None) == module_name
+            or (isinstance(value, Signal) and re.search(rf"^{name} = ", source, re.M))
+        )
+    }
+
+
+def api_sections() -> dict[str, str]:
+    """{heading without backticks: its text} of docs/api.md's second-level sections."""
+    parts = re.split(r"^## ", page("api.md"), flags=re.M)[1:]
+    return {p.partition("\n")[0].replace("`", "").strip(): p.partition("\n")[2] for p in parts}
+
+
+def named_in_tables(text: str, column: int = 0) -> set[str]:
+    """The identifiers in code spans of one column of the tables of ``text``."""
+    names = set()
+    for line in text.splitlines():
+        cells = [c.strip() for c in re.split(r"(?<!\\)\|", line)[1:-1]]
+        if len(cells) > column and set(cells) != {"---"}:
+            names |= set(IDENTIFIER.findall(cells[column]))
+    return names
+
+
+@pytest.mark.parametrize("module_name", API_MODULES)
+def test_every_public_name_of_a_module_is_in_its_section_of_the_api_reference(module_name):
+    section = api_sections()[module_name]
+
+    missing = sorted(n for n in public_names(module_name) if f"`{n}`" not in section)
+
+    assert missing == [], f"not in the {module_name} section of docs/api.md"
+
+
+@pytest.mark.parametrize("module_name", API_MODULES)
+def test_every_name_the_api_reference_lists_exists(module_name):
+    module = importlib.import_module(module_name)
+    column = 1 if module_name == "django_pgqueue.celery" else 0
+    listed = named_in_tables(api_sections()[module_name], column)
+
+    if module_name == "django_pgqueue.backends":
+        listed -= set(module.OPTION_NAMES)  # the table of OPTIONS keys
+    assert sorted(n for n in listed if not hasattr(module, n)) == []
+
+
+def test_every_module_the_api_reference_documents_is_checked():
+    documented = {h for h in api_sections() if h.startswith("django_pgqueue")}
+
+    assert documented == set(API_MODULES)
+
+
+def test_every_task_option_is_in_the_api_reference_with_its_default():
+    from django_pgqueue.registry import task
+
+    rows = table_rows(api_sections()["@task options"], "option")
+    parameters = {
+        p.name: p
+        for p in inspect.signature(task).parameters.values()
+        if p.kind is inspect.Parameter.KEYWORD_ONLY
+    }
+
+    assert sorted(rows) == sorted(parameters)
+    for name, parameter in parameters.items():
+        default = rows[name][2]
+        if isinstance(parameter.default, bool | int | float | str | tuple):
+            value = parameter.default
+            shown = json.dumps(value) if isinstance(value, str) else repr(value)
+            assert default.startswith(f"`{shown}`"), name
+        elif parameter.default is None and name != "name":
+            assert default.startswith(("`None`", '`PGQUEUE["DEFAULT_')), name
+
+
+def test_every_using_option_is_in_the_api_reference():
+    from django_pgqueue.registry import OPTION_NAMES
+
+    rows = table_rows(api_sections()["using() options"], "option")
+    documented = {name.strip("` ") for row in rows for name in row.split(",")}
+
+    assert sorted(documented) == sorted(OPTION_NAMES)
+
+
+def test_every_method_of_a_task_definition_is_in_the_api_reference():
+    from django_pgqueue.registry import TaskDefinition
+
+    methods = {
+        name
+        for name, value in vars(TaskDefinition).items()
+        if not name.startswith("_") and (callable(value) or isinstance(value, property))
+    }
+    rows = table_rows(api_sections()["TaskDefinition"], "method or property")
+
+    assert sorted(row.split("(")[0] for row in rows) == sorted(methods)
+
+
+def test_every_option_of_the_tasks_framework_backend_is_in_the_api_reference():
+    from django_pgqueue.backends import OPTION_NAMES
+
+    rows = table_rows(api_sections()["django_pgqueue.backends"], "key")
+
+    assert sorted(rows) == sorted(OPTION_NAMES)
