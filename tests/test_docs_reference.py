@@ -298,3 +298,57 @@ def test_every_option_of_the_tasks_framework_backend_is_in_the_api_reference():
     rows = table_rows(api_sections()["django_pgqueue.backends"], "key")
 
     assert sorted(rows) == sorted(OPTION_NAMES)
+
+
+# -- admin permissions (docs/security.md) ---------------------------------------------
+
+
+def permission_rows() -> dict[str, str]:
+    """{permission codename: what the row says it allows} of docs/security.md's table."""
+    rows = {}
+    for cells in table_rows(page("security.md"), "permission").values():
+        for codename in re.findall(r"`django_pgqueue\.([a-z_]+)`", cells[0]):
+            rows[codename] = cells[1]
+    return rows
+
+
+def app_permissions() -> set[str]:
+    """Every permission codename of the app's models: Django's defaults and their own."""
+    from django.apps import apps
+
+    codenames = set()
+    for model in apps.get_app_config("django_pgqueue").get_models():
+        opts = model._meta
+        codenames |= {f"{action}_{opts.model_name}" for action in opts.default_permissions}
+        codenames |= {codename for codename, _ in opts.permissions}
+    return codenames
+
+
+def test_every_permission_of_the_app_is_in_the_security_reference_and_no_other():
+    documented = set(permission_rows())
+
+    assert {"enqueue_task", "pause_queue", "decrypt_task"} <= app_permissions()
+    assert sorted(app_permissions() - documented) == [], "not in docs/security.md"
+    assert sorted(documented - app_permissions()) == [], "not a permission of the app"
+
+
+def test_every_permission_the_admin_checks_by_name_is_in_the_security_reference():
+    checked = set()
+    for path in (PACKAGE / "admin").rglob("*.py"):
+        checked |= set(re.findall(r"has_perm\(\s*\"django_pgqueue\.([a-z_]+)\"", path.read_text()))
+
+    assert checked and sorted(checked - set(permission_rows())) == []
+
+
+def test_every_admin_action_is_in_the_row_of_the_permission_it_needs():
+    from django.apps import apps
+    from django.contrib import admin
+
+    rows = permission_rows()
+    for model in apps.get_app_config("django_pgqueue").get_models():
+        model_admin = admin.site._registry.get(model)
+        for action in getattr(model_admin, "actions", None) or ():
+            function = getattr(model_admin, action) if isinstance(action, str) else action
+            for permission in function.allowed_permissions:
+                codename = f"{permission}_{model._meta.model_name}"
+                assert f"*{function.short_description}*" in rows[codename], codename
