@@ -352,3 +352,36 @@ def test_every_admin_action_is_in_the_row_of_the_permission_it_needs():
             for permission in function.allowed_permissions:
                 codename = f"{permission}_{model._meta.model_name}"
                 assert f"*{function.short_description}*" in rows[codename], codename
+
+
+# -- metrics (docs/metrics.md) --------------------------------------------------------
+
+
+def exported_metrics() -> dict[str, str]:
+    """{name: type} of every metric the package exports, named as Prometheus shows it
+    (a counter with its ``_total``)."""
+    from prometheus_client import CollectorRegistry
+
+    from django_pgqueue.metrics import DoctorCollector, QueueCollector
+    from django_pgqueue.worker.metrics_server import WorkerMetrics
+
+    registry = CollectorRegistry()
+    WorkerMetrics(registry)
+    families = [*registry.collect(), *DoctorCollector().describe(), *QueueCollector().describe()]
+    return {f.name + ("_total" if f.type == "counter" else ""): f.type for f in families}
+
+
+def test_every_metric_is_in_the_metrics_reference_and_no_other():
+    documented = set(table_rows(page("metrics.md"), "metric"))
+    exported = set(exported_metrics())
+
+    assert "pgqueue_task_outcomes_total" in exported
+    assert sorted(exported - documented) == [], "not in docs/metrics.md"
+    assert sorted(documented - exported) == [], "not a metric of the package"
+
+
+def test_each_metric_is_documented_with_its_type():
+    rows = table_rows(page("metrics.md"), "metric")
+
+    for name, kind in exported_metrics().items():
+        assert rows[name][1] == kind, name
