@@ -385,3 +385,18 @@ def test_each_metric_is_documented_with_its_type():
 
     for name, kind in exported_metrics().items():
         assert rows[name][1] == kind, name
+
+
+# -- settings (docs/settings.md; tests/test_settings.py checks defaults and flags) ----
+
+
+def test_each_default_the_tasks_framework_backend_overrides_names_its_options_key():
+    from django_pgqueue.backends import OPTION_NAMES
+    from django_pgqueue.conf import SETTINGS_BY_NAME
+
+    rows = table_rows(page("settings.md"), "key")
+    overridden = [k for k in OPTION_NAMES if f"DEFAULT_{k.upper()}" in SETTINGS_BY_NAME]
+
+    assert overridden
+    for key in overridden:
+        assert f'`OPTIONS["{key}"]`' in rows[f"DEFAULT_{key.upper()}"][-1], key
