@@ -124,7 +124,7 @@ def check_settings(app_configs, **kwargs):
                 f"'process', and EXECUTION is {conf.EXECUTION!r}: runtaskworker refuses to "
                 "start without --execution process",
                 hint="A worker that runs its handlers in threads recycles itself with "
-                f"MAX_TASKS and MAX_MEMORY; see {DOCS_URL}/worker.md.",
+                f"MAX_TASKS and MAX_MEMORY; see {DOCS_URL}/worker-shutdown.md.",
                 id="django_pgqueue.W008",
             )
         )

@@ -30,7 +30,7 @@ payload cannot be decrypted     as raised, with an EncryptionError (its row keep
                                 ciphertext: requeued once the key is back, it runs)
 lease lapsed before the start    not run: pending again (failed on the last attempt), as
                                 the sweep would write it (a process that stalled)
-shutdown, handler unfinished    pending after ``RELEASE_DELAY``, attempt not refunded
+shutdown, handler unfinished    scheduled for ``RELEASE_DELAY``, attempt not refunded
                                 (failed on the last attempt, with WorkerShutdown)
 atomic attempt (``atomic=True``) returned, ``Continue`` and ``Suspend`` as above, written
                                 by the handler's own transaction, which they commit with
