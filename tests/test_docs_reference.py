@@ -5,6 +5,7 @@ says what it is; a page that names one the code no longer has fails too."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib
 import inspect
 import json
@@ -400,3 +401,15 @@ def test_each_default_the_tasks_framework_backend_overrides_names_its_options_ke
     assert overridden
     for key in overridden:
         assert f'`OPTIONS["{key}"]`' in rows[f"DEFAULT_{key.upper()}"][-1], key
+
+
+def test_every_attribute_and_method_of_the_task_context_is_in_the_api_reference():
+    from django_pgqueue.context import TaskContext
+
+    members = {f.name for f in dataclasses.fields(TaskContext)} | set(vars(TaskContext))
+    public = {name for name in members if not name.startswith("_")}
+    rows = table_rows(api_sections()["TaskContext"], "attribute or method")
+    documented = {name for cells in rows.values() for name in re.findall(r"`([a-z_]+)", cells[0])}
+
+    assert sorted(public - documented) == [], "not in docs/api.md"
+    assert sorted(documented - public) == [], "not a member of TaskContext"
