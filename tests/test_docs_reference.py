@@ -186,6 +186,9 @@ API_MODULES = (
     "django_pgqueue.admin",
     "django_pgqueue.doctor",
     "django_pgqueue.celery",
+    "django_pgqueue.exceptions",
+    "django_pgqueue.metrics",
+    "django_pgqueue.worker.logging",
 )
 IDENTIFIER = re.compile(r"`([A-Za-z_][A-Za-z0-9_]*)`")
 
