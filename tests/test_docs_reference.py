@@ -416,3 +416,46 @@ def test_every_attribute_and_method_of_the_task_context_is_in_the_api_reference(
 
     assert sorted(public - documented) == [], "not in docs/api.md"
     assert sorted(documented - public) == [], "not a member of TaskContext"
+
+
+def tables_of(text: str) -> list[list[list[str]]]:
+    """Each Markdown table of ``text``, as its rows of cells, header left out."""
+    tables: list[list[list[str]]] = []
+    current: list[list[str]] | None = None
+    for line in text.splitlines():
+        if not line.startswith("|"):
+            current = None
+            continue
+        cells = [c.strip() for c in re.split(r"(?<!\\)\|", line)[1:-1]]
+        if current is None:
+            current = []
+            tables.append(current)
+        elif set(cells) != {"---"}:
+            current.append(cells)
+    return tables
+
+
+@pytest.mark.django_db
+def test_every_key_of_the_status_json_is_in_the_commands_reference():
+    from django_pgqueue.management.commands.pgqueue_status import read_status, read_task
+    from django_pgqueue.periodic import schedules
+    from tests import tasks
+
+    text = page("commands.md")
+    text = text[text.index("### `pgqueue_status --json`") : text.index("## `pgqueue_doctor`")]
+    document, rows, queues, schedule_entries = (
+        {name for cells in table for name in IDENTIFIER.findall(cells[0])}
+        for table in tables_of(text)
+    )
+    task_id = tasks.noop.enqueue()
+    status = read_status()
+    shown = read_task(task_id, None, logs=True)
+    # A schedule's keys, from the dict each entry is built from.
+    listing = inspect.getsource(schedules).split("listing.append(")[1]
+
+    assert document == set(status)
+    assert rows == set(status["tasks"][0])
+    assert queues == set(status["queues"][0])
+    assert schedule_entries == set(re.findall(r'^\s+"([a-z_]+)":', listing, re.M))
+    paragraph = text[text.index("With `--task ID`") :]
+    assert [key for key in [*shown, *shown["task"]] if f"`{key}`" not in paragraph] == []
