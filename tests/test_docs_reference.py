@@ -459,3 +459,10 @@ def test_every_key_of_the_status_json_is_in_the_commands_reference():
     assert schedule_entries == set(re.findall(r'^\s+"([a-z_]+)":', listing, re.M))
     paragraph = text[text.index("With `--task ID`") :]
     assert [key for key in [*shown, *shown["task"]] if f"`{key}`" not in paragraph] == []
+
+
+def test_every_alert_rule_is_in_the_metrics_reference_and_no_other():
+    rules = set(re.findall(r"^\s*- alert: (\w+)", page("prometheus-alerts.yml"), re.M))
+    documented = set(table_rows(page("metrics.md"), "alert"))
+
+    assert rules and sorted(rules ^ documented) == []
