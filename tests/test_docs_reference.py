@@ -254,7 +254,7 @@ def test_every_module_the_api_reference_documents_is_checked():
 
 
 def test_every_task_option_is_in_the_api_reference_with_its_default():
-    from django_pgqueue.registry import task
+    from django_pgqueue import task
 
     rows = table_rows(api_sections()["@task options"], "option")
     parameters = {
@@ -284,7 +284,7 @@ def test_every_using_option_is_in_the_api_reference():
 
 
 def test_every_method_of_a_task_definition_is_in_the_api_reference():
-    from django_pgqueue.registry import TaskDefinition
+    from django_pgqueue import TaskDefinition
 
     methods = {
         name
@@ -407,7 +407,7 @@ def test_each_default_the_tasks_framework_backend_overrides_names_its_options_ke
 
 
 def test_every_attribute_and_method_of_the_task_context_is_in_the_api_reference():
-    from django_pgqueue.context import TaskContext
+    from django_pgqueue import TaskContext
 
     members = {f.name for f in dataclasses.fields(TaskContext)} | set(vars(TaskContext))
     public = {name for name in members if not name.startswith("_")}
