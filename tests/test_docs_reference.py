@@ -466,3 +466,15 @@ def test_every_alert_rule_is_in_the_metrics_reference_and_no_other():
     documented = set(table_rows(page("metrics.md"), "alert"))
 
     assert rules and sorted(rules ^ documented) == []
+
+
+def test_every_check_of_the_queue_doctor_is_in_a_table_of_the_docs_and_no_other():
+    from django_pgqueue.doctor import CHECK_IDS
+
+    documented = set()
+    for path in DOCS.glob("*.md"):
+        for cells in table_rows(path.read_text(), "check").values():
+            documented |= set(re.findall(r"`([a-z]+\.[a-z_]+)`", cells[0]))
+
+    assert sorted(set(CHECK_IDS) - documented) == [], "in no table of docs/ whose column is check"
+    assert sorted(documented - set(CHECK_IDS)) == [], "not a check of the doctor"
