@@ -254,9 +254,49 @@ def _process_table() -> dict[int, tuple[int, str, float]]:
     return table
 
 
-def cpu_seconds(worker_pids: list[int]) -> tuple[float, float]:
+class ServerCpu(float):
+    """CPU seconds used so far by the PostgreSQL processes that serve the benchmark:
+    its database's backends and the server's own processes (checkpointer, WAL
+    writer, autovacuum...), not other databases' backends. Subtracting two readings
+    sums each process's growth: a process that started in between counts whole, one
+    that exited in between is left out (its last figures are gone), so a difference is
+    never negative because a backend of another session ended."""
+
+    by_pid: dict[int, float]
+
+    def __new__(cls, by_pid: dict[int, float]) -> ServerCpu:
+        value = super().__new__(cls, sum(by_pid.values()))
+        value.by_pid = by_pid
+        return value
+
+    def __sub__(self, other: Any) -> float:
+        if isinstance(other, ServerCpu):
+            return sum(cpu - other.by_pid.get(pid, 0.0) for pid, cpu in self.by_pid.items())
+        return float(self) - other
+
+
+def _serves_the_benchmark(pid: int) -> bool:
+    """A postgres process of this database or of no database (the server's own)."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            title = f.read().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return False
+    if not title.startswith("postgres:"):
+        return True  # the postmaster
+    words = title.split()
+    # A backend's title is "postgres: user database host state"; an autovacuum worker
+    # names its database too; the server's own processes name none.
+    if "autovacuum worker" in title:
+        return BENCH_DB in words
+    if len(words) >= 4 and ("(" in words[3] or words[3] == "[local]"):
+        return words[2] == BENCH_DB
+    return True
+
+
+def cpu_seconds(worker_pids: list[int]) -> tuple[float, ServerCpu]:
     """CPU used so far by the worker processes (with their children: prefork) and by
-    every PostgreSQL process on this machine."""
+    the PostgreSQL processes that serve the benchmark's database (ServerCpu)."""
     table = _process_table()
     ours = set(worker_pids)
     grew = True
@@ -267,7 +307,10 @@ def cpu_seconds(worker_pids: list[int]) -> tuple[float, float]:
                 ours.add(pid)
                 grew = True
     worker = sum(table[pid][2] for pid in ours if pid in table)
-    postgres = sum(cpu for _ppid, name, cpu in table.values() if name.startswith("postgres"))
+    postgres = ServerCpu({
+        pid: cpu for pid, (_ppid, name, cpu) in table.items()
+        if name.startswith("postgres") and _serves_the_benchmark(pid)
+    })  # fmt: skip
     return worker, postgres
 
 

@@ -36,7 +36,7 @@ except ImportError:
     except ImportError as exc:
         raise ImportError(
             "django_pgqueue.backends needs Django's Tasks framework: upgrade to Django 6, "
-            "or on Django 5.2 install the backport (pip install 'django-pgqueue[tasks]', "
+            "or on Django 5.2 install the backport (pip install 'django-pgqueue-tasks[tasks]', "
             "which pulls in django-tasks)"
         ) from exc
 

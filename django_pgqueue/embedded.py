@@ -24,7 +24,7 @@ def embedded_database_url(data_dir: str | Path, dbname: str = "postgres") -> str
     except ImportError as exc:  # pragma: no cover - depends on the install
         raise RuntimeError(
             "DATABASE_URL is not set and the embedded PostgreSQL is not installed: "
-            "pip install 'django-pgqueue[embedded]', or set DATABASE_URL"
+            "pip install 'django-pgqueue-tasks[embedded]', or set DATABASE_URL"
         ) from exc
     path = Path(data_dir).resolve()
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -22,7 +22,7 @@ enqueued with whatever the task's code says later.
 
 The keys are ``PGQUEUE["ENCRYPTION_KEYS"]``, newest first (``cryptography``'s
 ``MultiFernet``): the first encrypts, every one decrypts. ``cryptography`` is an
-optional dependency (``pip install "django-pgqueue[encrypt]"``), imported the first time
+optional dependency (``pip install "django-pgqueue-tasks[encrypt]"``), imported the first time
 a value is sealed or opened: a project that encrypts nothing never imports it.
 """
 
@@ -39,7 +39,7 @@ MARKER = "$enc"
 # What the task's code, or whoever enqueued or signalled the task, put in the row: each
 # encrypted in an encrypted row, and hidden by the admin's ADMIN_SHOW_PAYLOADS.
 PAYLOAD_COLUMNS = ("args", "kwargs", "result", "checkpoint", "progress", "signals", "wake")
-INSTALL = 'pip install "django-pgqueue[encrypt]"'
+INSTALL = 'pip install "django-pgqueue-tasks[encrypt]"'
 
 
 def chosen(encrypt: bool | None) -> bool:

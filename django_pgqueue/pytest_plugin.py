@@ -1,7 +1,7 @@
 """The pytest plugin of django_pgqueue: the ``pgqueue`` fixture (docs/testing.md).
 
 Registered through the ``pytest11`` entry point, so it loads in every pytest run of an
-environment where django-pgqueue is installed, Django project or not. Loading it
+environment where django-pgqueue-tasks is installed, Django project or not. Loading it
 imports the ``django_pgqueue`` package, which reads no settings and no models at
 import; the helpers (and with them the models) are imported when a test asks for the
 fixture.

@@ -1,6 +1,6 @@
 """OpenTelemetry spans for enqueues and executions (docs/tracing.md).
 
-On whenever ``opentelemetry-api`` can be imported (``pip install django-pgqueue[otel]``):
+On whenever ``opentelemetry-api`` can be imported (``pip install django-pgqueue-tasks[otel]``):
 the library calls the OpenTelemetry API itself, as the OpenTelemetry project asks of
 libraries. While the project configures no SDK (no TracerProvider is set), no span is
 made. When it cannot be imported, ``producer`` and ``consumer`` return the functions

@@ -28,7 +28,7 @@ tests/test_docs_examples.py with this checkout's::
 
     python tests/docs_project.py DIRECTORY DATABASE_URL
 
-Standard library only, but for psycopg (a dependency of django-pgqueue) to create the
+Standard library only, but for psycopg (a dependency of django-pgqueue-tasks) to create the
 database.
 """
 

@@ -161,11 +161,20 @@ def install_release(version: str, workdir: Path) -> InstalledRelease:
 _CHECK_INSTALL = """
 import json
 from importlib import metadata
+from pathlib import Path
 from packaging.requirements import Requirement
 import django_pgqueue
 
+# The installed distribution whose files hold the django_pgqueue imported here (releases
+# up to 0.1.0 were built as django-pgqueue, later ones as django-pgqueue-tasks).
+[distribution] = [
+    dist for dist in metadata.distributions()
+    if any(str(f) == "django_pgqueue/__init__.py"
+           and Path(dist.locate_file(f)).resolve() == Path(django_pgqueue.__file__).resolve()
+           for f in dist.files or [])
+][:1]
 unmet = []
-for text in metadata.requires("django-pgqueue") or []:
+for text in distribution.requires or []:
     req = Requirement(text)
     if req.marker is not None and not req.marker.evaluate({"extra": ""}):
         continue

@@ -496,7 +496,7 @@ def test_a_check_reports_encrypted_tasks_without_cryptography(monkeypatch):
 
     # then: one error says what to install, and which tasks need it
     [error] = errors
-    assert 'pip install "django-pgqueue[encrypt]"' in error.msg
+    assert 'pip install "django-pgqueue-tasks[encrypt]"' in error.msg
     assert "tests.encrypt_tasks.echo" in error.msg
 
 

@@ -11,6 +11,7 @@ database.
 import re
 import signal
 import time
+import uuid
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -263,6 +264,28 @@ def test_a_task_whose_claim_reply_was_lost_still_runs(lossy, start_worker, tmp_p
     row = Task.objects.get(pk=task_id)
     assert (row.state, runs(ledger)[task_id]) == ("succeeded", 1), row.errors
     assert "LeaseExpired" not in [e["type"] for e in row.errors], row.errors
+
+
+def test_the_rows_of_a_claim_whose_reply_was_lost_are_found_by_its_tokens(pg):
+    # Given three running tasks, claimed by three claims (three tokens), and a task that
+    # ran under a fourth claim and succeeded
+    from tests import sqlhelpers
+
+    ids = [fault_tasks.healthy.enqueue("unused") for _ in range(4)]
+    claimed = [sqlhelpers.claim(pg, 1)[0] for _ in ids]
+    assert sorted(t.id for t in claimed) == sorted(ids)
+    lost, other, unasked, finished = claimed
+    assert sqlhelpers.settle(pg, [sqlhelpers.success(finished)]) == {finished.id: "succeeded"}
+
+    # When a claimer looks up the claims whose reply it lost, by their tokens (one of
+    # them a token no claim used, one of them the finished task's)
+    tokens = [lost.lease_token, other.lease_token, finished.lease_token, str(uuid.uuid4())]
+    found = pg.execute(QUERIES["find_claimed"], {"tokens": tokens}).fetchall()
+
+    # Then it finds the rows those claims hold while they run, and no other: not the
+    # claim it did not ask about, not the task that ended
+    assert sorted(row[0] for row in found) == sorted([lost.id, other.id])
+    assert {str(row[11]) for row in found} == {lost.lease_token, other.lease_token}
 
 
 def test_a_settle_whose_reply_was_lost_is_counted_as_written(lossy, start_worker, tmp_path):

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from django.db import connection, transaction
 
-from django_pgqueue import InvalidTaskError, Suspend, cancel, signal
+from django_pgqueue import InvalidTaskError, Suspend, cancel, operations, signal
 from django_pgqueue.models import Dependency, Task
 from django_pgqueue.workflows import chain, chord, group
 from tests import ledger, sqlhelpers
@@ -413,3 +413,24 @@ def test_retention_prunes_the_edges_of_the_tasks_it_prunes(pg):
     assert state(child) == "succeeded" and Dependency.objects.count() == 1
     pg.execute(sqlhelpers.QUERIES["prune"], {"result_ttl": 0, "dead_ttl": 0, "batch": 100})
     assert Task.objects.count() == 0 and Dependency.objects.count() == 0
+
+
+def test_deleting_finished_tasks_deletes_their_edges_as_retention_does(pg):
+    # given: a parent and its child, both finished, joined by their edge; and another
+    # finished pair that is not deleted
+    parent = step.enqueue("a")
+    child = step.using(after=[parent]).enqueue("b")
+    other_parent = step.enqueue("c")
+    other_child = step.using(after=[other_parent]).enqueue("d")
+    for _ in range(4):
+        (claimed,) = sqlhelpers.claim(pg, 1)
+        sqlhelpers.settle(pg, [sqlhelpers.success(claimed, "ok")])
+    assert Dependency.objects.count() == 2
+
+    # when: an operator deletes the first pair (the admin's delete, the bulk action)
+    assert sorted(operations.delete_finished([parent, child])) == sorted([parent, child])
+
+    # then: their edge goes with them; the other pair's stays
+    assert list(Dependency.objects.values_list("parent_id", "child_id")) == [
+        (other_parent, other_child)
+    ]

@@ -2990,13 +2990,23 @@ SELECT id, false, unique_key, live_id, newer_id
 -- name: delete_finished
 -- Delete rows an operator selected, if they are terminal and hold no lease (the same
 -- guard as prune): a pending, running or waiting task is never deleted (cancel it
--- first). Their log records go with them (pgqueue_task_log_task). By primary key.
+-- first). Their workflow edges (a finished task's are resolved: nothing waits on them)
+-- and log records go with them, as prune's do (pgqueue_dep_child, the edge constraint
+-- and pgqueue_task_log_task). By primary key.
 WITH deleted AS (
     DELETE FROM pgqueue_task
      WHERE id = ANY (%(ids)s::bigint[])
        AND state IN ('succeeded', 'failed', 'cancelled')
        AND lease_token IS NULL
     RETURNING id
+),
+parent_edges AS (
+    DELETE FROM pgqueue_dependency AS e
+     WHERE e.child_id = ANY (ARRAY(SELECT id FROM deleted))
+),
+child_edges AS (
+    DELETE FROM pgqueue_dependency AS e
+     WHERE e.parent_id = ANY (ARRAY(SELECT id FROM deleted))
 ),
 logs AS (
     DELETE FROM pgqueue_task_log AS l
