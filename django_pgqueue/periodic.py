@@ -25,8 +25,9 @@ from django.core.exceptions import ImproperlyConfigured
 
 from django_pgqueue.enqueue import build_row
 from django_pgqueue.exceptions import InvalidTaskError, PgQueueError
-from django_pgqueue.payload import check_text, short_repr
+from django_pgqueue.payload import check_text
 from django_pgqueue.registry import TaskDefinition
+from django_pgqueue.reprs import short_repr
 from django_pgqueue.ticks import MISSED_POLICIES, Cron, Every, InvalidSchedule, Ticks, due
 
 NAME_MAX_LENGTH = 255  # pgqueue_schedule.name

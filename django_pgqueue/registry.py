@@ -35,7 +35,8 @@ from django.utils import timezone
 
 from django_pgqueue.conf import SETTINGS_BY_NAME, get_settings
 from django_pgqueue.exceptions import InvalidTaskError, TaskNotRegistered
-from django_pgqueue.payload import check_text, short_repr
+from django_pgqueue.payload import check_text
+from django_pgqueue.reprs import short_repr
 from django_pgqueue.retry import MAX_SECONDS, RetryPolicy, exception_names
 
 if TYPE_CHECKING:

@@ -25,7 +25,7 @@ from django.core.exceptions import ImproperlyConfigured
 from django.db import connections
 
 from django_pgqueue.exceptions import InvalidTaskError, PgQueueError, TaskNotRegistered
-from django_pgqueue.payload import check_json, check_text, short_repr
+from django_pgqueue.payload import check_json, check_text
 from django_pgqueue.periodic import (
     NAME_MAX_LENGTH,
     ScheduleDefinition,
@@ -42,6 +42,7 @@ from django_pgqueue.registry import (
     validate_queue,
     validate_timeout,
 )
+from django_pgqueue.reprs import short_repr
 from django_pgqueue.sql import QUERIES
 
 logger = logging.getLogger("django_pgqueue")
