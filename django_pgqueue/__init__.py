@@ -44,8 +44,9 @@ from django_pgqueue.operations import (
     resume,
     signal,
 )
+from django_pgqueue.options import call
 from django_pgqueue.periodic import periodic
-from django_pgqueue.registry import TaskDefinition, call, task
+from django_pgqueue.registry import TaskDefinition, task
 from django_pgqueue.retry import RetryPolicy
 from django_pgqueue.runtime_schedules import (
     InvalidScheduleError,

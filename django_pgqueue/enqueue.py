@@ -22,6 +22,7 @@ from django_pgqueue.enqueue_cursor import enqueue_cursor
 from django_pgqueue.exceptions import InvalidTaskError, TransactionDatabaseError
 from django_pgqueue.fairness import fair_weights
 from django_pgqueue.middleware import before_enqueue
+from django_pgqueue.options import LIVE_STATES, TASK_STATES, Call, in_utc
 from django_pgqueue.payload import (
     ARGS_LIMIT,
     METADATA_LIMIT,
@@ -31,7 +32,6 @@ from django_pgqueue.payload import (
     dumps,
     fits,
 )
-from django_pgqueue.registry import LIVE_STATES, TASK_STATES, Call, in_utc
 from django_pgqueue.retry import ATOMIC_KEY
 from django_pgqueue.sql import QUERIES
 

@@ -25,14 +25,14 @@ from django.core.exceptions import ImproperlyConfigured
 from django.db import connections
 
 from django_pgqueue.exceptions import InvalidTaskError, PgQueueError, TaskNotRegistered
-from django_pgqueue.payload import check_json, check_text
-from django_pgqueue.registry import (
-    registry,
+from django_pgqueue.options import (
     validate_max_attempts,
     validate_priority,
     validate_queue,
     validate_timeout,
 )
+from django_pgqueue.payload import check_json, check_text
+from django_pgqueue.registry import registry
 from django_pgqueue.reprs import short_repr
 from django_pgqueue.schedule import (
     NAME_MAX_LENGTH,

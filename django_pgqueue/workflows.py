@@ -119,6 +119,6 @@ def chord(
 
 
 def _call(step: Step) -> Any:
-    from django_pgqueue.registry import call
+    from django_pgqueue.options import call
 
     return call(*step.args, **step.kwargs)
