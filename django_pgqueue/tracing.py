@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 try:
     from opentelemetry import context as otel_context
@@ -35,8 +35,6 @@ except ImportError:
 
 if TYPE_CHECKING:
     from django_pgqueue.registry import TaskDefinition
-    from django_pgqueue.worker.claimed import ClaimedTask
-    from django_pgqueue.worker.outcomes import Outcome
 
 ENABLED = trace is not None
 SYSTEM = "django_pgqueue"
@@ -44,6 +42,40 @@ SYSTEM = "django_pgqueue"
 # failed (and will be retried, or dead-letters), timed out, or lost its lease.
 ERROR_OUTCOMES = frozenset({"failure", "timeout", "lost"})
 _TRACE_KEYS = ("traceparent", "tracestate")
+
+
+class ClaimedTask(Protocol):
+    """What a CONSUMER span reads of the task it runs (the worker's ClaimedTask)."""
+
+    @property
+    def id(self) -> int: ...
+    @property
+    def task_name(self) -> str: ...
+    @property
+    def queue(self) -> str: ...
+    @property
+    def attempt(self) -> int: ...
+    @property
+    def metadata_json(self) -> str: ...
+    @property
+    def metadata(self) -> dict[str, Any]: ...
+
+
+class Outcome(Protocol):
+    """What a CONSUMER span records of how the attempt ended (the worker's Outcome)."""
+
+    @property
+    def label(self) -> str: ...
+    @property
+    def state(self) -> str: ...
+    @property
+    def error(self) -> dict[str, Any] | None: ...
+    @property
+    def exc(self) -> BaseException | None: ...
+
+
+# The worker's own Outcome, returned through a consumer as it came.
+OutcomeT = TypeVar("OutcomeT", bound=Outcome)
 
 # A ProxyTracer until the project sets a TracerProvider, then the project's tracer.
 _tracer: Any = trace.get_tracer("django_pgqueue") if ENABLED else None
@@ -110,14 +142,14 @@ def producer(operation: str, fn: Callable[..., Any]) -> Callable[..., Any]:
     return traced
 
 
-def consumer(fn: Callable[..., Outcome]) -> Callable[..., Outcome]:
+def consumer(fn: Callable[..., OutcomeT]) -> Callable[..., OutcomeT]:
     """A sync ``fn(task, database, ...) -> Outcome`` in a CONSUMER span; ``fn`` itself
     without OpenTelemetry."""
     if not ENABLED:
         return fn
 
     @functools.wraps(fn)
-    def traced(task: ClaimedTask, database: str, *args: Any, **kwargs: Any) -> Outcome:
+    def traced(task: ClaimedTask, database: str, *args: Any, **kwargs: Any) -> OutcomeT:
         tracer = _active_tracer()
         if tracer is None:
             return fn(task, database, *args, **kwargs)
@@ -134,13 +166,13 @@ def consumer(fn: Callable[..., Outcome]) -> Callable[..., Outcome]:
     return traced
 
 
-def aconsumer(fn: Callable[..., Awaitable[Outcome]]) -> Callable[..., Awaitable[Outcome]]:
+def aconsumer(fn: Callable[..., Awaitable[OutcomeT]]) -> Callable[..., Awaitable[OutcomeT]]:
     """``consumer`` for ``async def fn(task, database, ...) -> Outcome``."""
     if not ENABLED:
         return fn
 
     @functools.wraps(fn)
-    async def traced(task: ClaimedTask, database: str, *args: Any, **kwargs: Any) -> Outcome:
+    async def traced(task: ClaimedTask, database: str, *args: Any, **kwargs: Any) -> OutcomeT:
         tracer = _active_tracer()
         if tracer is None:
             return await fn(task, database, *args, **kwargs)
