@@ -38,13 +38,7 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from benchmarks.runner import (
-    REPO,
-    prepare_database,
-    reset_queue,
-    setup_django,
-    setup_django_child,
-)
+from benchmarks.harness import REPO, prepare_database, reset_queue, setup_django, setup_django_child
 
 Variant = Callable[[int, int], None]
 
