@@ -2,9 +2,9 @@
 ``using(...)`` and enqueue accept, in words an error can quote.
 
 Pure code: no database is touched (commit_alias is checked against DATABASES, expires
-against USE_TZ). Task definitions and the registry (registry.py), enqueue (enqueue.py),
-schedules, the Tasks framework backend and the operations all check their input here,
-so one value is refused for the same reason, in the same words, everywhere.
+against USE_TZ). The registry (``@task``, ``using``), the runtime schedules, the Tasks
+framework backend and the operations check their input with these functions, so one
+value is refused for the same reason, in the same words, everywhere.
 """
 
 from __future__ import annotations

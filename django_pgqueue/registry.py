@@ -2,6 +2,9 @@
 
 The registry is the only way a worker finds code: a row names a task, and the worker
 looks the name up here. Nothing ever imports a dotted path read from a row.
+
+The options a task and a call take, and their checks, are in options.py (their names
+are importable from here too).
 """
 
 from __future__ import annotations
