@@ -285,6 +285,9 @@ class TaskDefinition(Generic[P, R]):
         check_expires_after_start(merged, self.expires)
         return replace(self, options=merged)
 
+    # enqueue.py, middleware.py and workflows.py take a TaskDefinition, so these four
+    # methods import them when called: an import circle kept on purpose, listed in
+    # pyproject.toml's import contracts (docs/architecture.md).
     def enqueue(self, /, *args: P.args, **kwargs: P.kwargs) -> int:
         """Insert the task in the current transaction; returns its id."""
         from django_pgqueue.enqueue import enqueue
