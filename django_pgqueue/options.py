@@ -27,6 +27,7 @@ from django_pgqueue.retry import MAX_SECONDS, RetryPolicy, exception_names
 
 QUEUE_NAME = re.compile(r"[A-Za-z0-9_.:-]{1,100}")
 TASK_NAME_MAX_LENGTH = 255  # the task_name column
+UNIQUE_KEY_MAX_LENGTH = 255  # the unique_key column (and the other keys')
 PRIORITY_MIN, PRIORITY_MAX = -100, 100
 # max_attempts is an int column; a million claims is already far past any real need.
 MAX_ATTEMPTS_LIMIT = 1_000_000
@@ -270,6 +271,37 @@ def in_utc(moment: datetime, what: str) -> datetime:
             f"{what} {moment.isoformat()} is out of range: in UTC it falls outside years "
             "1 to 9999"
         ) from None
+
+
+def check_run_at(run_at: Any) -> datetime | None:
+    if run_at is None:
+        return None
+    if not isinstance(run_at, datetime):
+        raise InvalidTaskError(f"run_at must be a datetime, not {type(run_at).__name__}")
+    if settings.USE_TZ and timezone.is_naive(run_at):
+        raise InvalidTaskError(
+            f"run_at {run_at.isoformat()} is a naive datetime while USE_TZ = True; "
+            "pass an aware datetime (e.g. django.utils.timezone.now() + timedelta(...))"
+        )
+    return in_utc(run_at, "run_at")
+
+
+def check_unique_key(unique_key: Any) -> str | None:
+    return check_key(unique_key, "unique_key")
+
+
+def check_key(key: Any, what: str) -> str | None:
+    """A unique_key or concurrency_key: None, or a string that fits its column."""
+    if key is None:
+        return None
+    if not isinstance(key, str):
+        raise InvalidTaskError(f"{what} must be a non-empty string, not a {type(key).__name__}")
+    if not 1 <= len(key) <= UNIQUE_KEY_MAX_LENGTH:
+        raise InvalidTaskError(
+            f"{what} must be a non-empty string of at most {UNIQUE_KEY_MAX_LENGTH} "
+            f"characters, not one of {len(key)}"
+        )
+    return check_text(key, what)
 
 
 def validate_exceptions(value: Any, option: str) -> tuple[str, ...]:

@@ -100,6 +100,21 @@ def _active_tracer() -> Any:
     return _tracer
 
 
+def trace_context() -> dict[str, str]:
+    """The W3C ``traceparent`` (and ``tracestate``) of the enqueuing code, when
+    OpenTelemetry is installed and a span is active, for the row's ``metadata``: the
+    handler finds them in ``context.metadata``, and its CONSUMER span continues the
+    same trace."""
+    if not ENABLED:
+        return {}
+    # No span, or no valid span context: the W3C propagator writes neither key.
+    if not trace.get_current_span().get_span_context().is_valid:
+        return {}
+    carrier: dict[str, str] = {}
+    propagate.inject(carrier)
+    return {k: v for k, v in carrier.items() if k in _TRACE_KEYS}
+
+
 def producer(operation: str, fn: Callable[..., Any]) -> Callable[..., Any]:
     """``fn(definition, ...)`` (an enqueue returning an id, (id, enqueued_at), or a
     list of ids) in a PRODUCER span named ``<operation> <task name>``; ``fn`` itself
