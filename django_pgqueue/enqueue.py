@@ -44,8 +44,6 @@ if TYPE_CHECKING:
     from django_pgqueue.retry import RetryPolicy
 
 
-
-
 def check_transaction(definition: TaskDefinition, queue: str, alias: str, how: str) -> None:
     """Refuse a write to ``alias`` while the caller's transaction is on another alias
     and none is open on ``alias``: the task would commit at once, on its own, and run

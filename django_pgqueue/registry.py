@@ -86,6 +86,7 @@ if TYPE_CHECKING:
 P = ParamSpec("P")
 R = TypeVar("R", covariant=True)
 
+
 class _TaskOptions(TypedDict, total=False):
     """The options of ``@task(...)`` besides ``takes_context`` and ``batch_size``."""
 

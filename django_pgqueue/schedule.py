@@ -25,6 +25,8 @@ from django_pgqueue.ticks import MISSED_POLICIES, Cron, Every, InvalidSchedule, 
 
 NAME_MAX_LENGTH = 255  # pgqueue_schedule.name
 CATCH_UP_LIMIT_MAX = 1000
+
+
 class ScheduleNotDeclared(PgQueueError, LookupError):
     """No schedule of this name is declared in this process."""
 
