@@ -180,12 +180,6 @@ def _pgbench(text: str, clients: int, seconds: float) -> float:
     return float(re.search(r"tps = ([\d.]+)", out).group(1))
 
 
-# -- what a drain costs ----------------------------------------------------------------
-
-
-# -- workers ---------------------------------------------------------------------------
-
-
 # -- workloads -------------------------------------------------------------------------
 # W1's ways of enqueueing one task, one transaction each: kind -> what it does.
 W1_KINDS = {
@@ -941,8 +935,6 @@ def w7_soak(total: int) -> dict[str, Any]:
 
 
 # -- the run ---------------------------------------------------------------------------
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__)
     parser.add_argument("--runs", type=int, default=3, help="runs of each workload (median)")
