@@ -15,7 +15,8 @@ Public API::
     periodic(send_digest, cron="0 7 * * mon", timezone="Europe/Paris")  # docs/periodic.md
     add_schedule("nightly", "shop.tasks.report", cron="0 2 * * *")      # at runtime
 
-Everything else is private by name or lives in a submodule documented in docs/.
+Everything else is private by name or lives in a submodule documented in docs/. The
+modules' layers, and what may import what: docs/architecture.md.
 """
 
 # The release, read by the packaging too (pyproject.toml); docs/versioning.md.
