@@ -78,7 +78,6 @@ from django_pgqueue.retry import RetryPolicy
 if TYPE_CHECKING:
     from django_pgqueue.batch import BatchCall
     from django_pgqueue.context import TaskContext
-    from django_pgqueue.workflows import Step
 
 # A task's parameters (what enqueue, step and a direct call take) and its function's
 # return type (for an async def, the coroutine: what a direct call returns). R is
@@ -286,9 +285,9 @@ class TaskDefinition(Generic[P, R]):
         check_expires_after_start(merged, self.expires)
         return replace(self, options=merged)
 
-    # enqueue.py, middleware.py and workflows.py take a TaskDefinition, so these four
-    # methods import them when called: an import circle kept on purpose, listed in
-    # pyproject.toml's import contracts (docs/architecture.md).
+    # enqueue.py and middleware.py take a TaskDefinition, so these three methods import
+    # enqueue when called: an import circle kept on purpose, listed in pyproject.toml's
+    # import contracts (docs/architecture.md).
     def enqueue(self, /, *args: P.args, **kwargs: P.kwargs) -> int:
         """Insert the task in the current transaction; returns its id."""
         from django_pgqueue.enqueue import enqueue
@@ -303,8 +302,6 @@ class TaskDefinition(Generic[P, R]):
 
     def step(self, /, *args: P.args, **kwargs: P.kwargs) -> Step:
         """This call as a step of a workflow (chain, group, chord: workflows.py)."""
-        from django_pgqueue.workflows import Step
-
         return Step(self, args, kwargs)
 
     def enqueue_many(
@@ -320,6 +317,25 @@ class TaskDefinition(Generic[P, R]):
         from django_pgqueue.enqueue import enqueue_many
 
         return enqueue_many(self, calls)
+
+
+@dataclass(frozen=True)
+class Step:
+    """One call of a task, not yet enqueued: ``send_receipt.step(order.id)``; chains,
+    groups and chords (workflows.py) enqueue steps."""
+
+    task: TaskDefinition[..., Any]
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+
+    def enqueue(self, after: Iterable[int] = (), after_failure: str | None = None) -> int:
+        options: dict[str, Any] = {}
+        if after:
+            options["after"] = [*self.task.options.after, *after]
+        if after_failure is not None:
+            options["after_failure"] = after_failure
+        definition = self.task.using(**options) if options else self.task
+        return definition.enqueue(*self.args, **self.kwargs)
 
 
 class ContextTaskDefinition(TaskDefinition[P, R]):
