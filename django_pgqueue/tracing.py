@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+from typing import Any, Protocol, TypeVar
 
 try:
     from opentelemetry import context as otel_context
@@ -33,9 +33,6 @@ try:
 except ImportError:
     trace = None
 
-if TYPE_CHECKING:
-    from django_pgqueue.registry import TaskDefinition
-
 ENABLED = trace is not None
 SYSTEM = "django_pgqueue"
 # The outcome labels (worker/outcomes.py) that mark a span as an error: the attempt
@@ -44,7 +41,23 @@ ERROR_OUTCOMES = frozenset({"failure", "timeout", "lost"})
 _TRACE_KEYS = ("traceparent", "tracestate")
 
 
-class ClaimedTask(Protocol):
+class _Options(Protocol):
+    @property
+    def queue(self) -> str | None: ...
+
+
+class EnqueuedTask(Protocol):
+    """What a PRODUCER span reads of the task enqueued (registry.py's TaskDefinition)."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def queue(self) -> str: ...
+    @property
+    def options(self) -> _Options: ...
+
+
+class RunningTask(Protocol):
     """What a CONSUMER span reads of the task it runs (the worker's ClaimedTask)."""
 
     @property
@@ -61,7 +74,7 @@ class ClaimedTask(Protocol):
     def metadata(self) -> dict[str, Any]: ...
 
 
-class Outcome(Protocol):
+class AttemptOutcome(Protocol):
     """What a CONSUMER span records of how the attempt ended (the worker's Outcome)."""
 
     @property
@@ -75,7 +88,7 @@ class Outcome(Protocol):
 
 
 # The worker's own Outcome, returned through a consumer as it came.
-OutcomeT = TypeVar("OutcomeT", bound=Outcome)
+OutcomeT = TypeVar("OutcomeT", bound=AttemptOutcome)
 
 # A ProxyTracer until the project sets a TracerProvider, then the project's tracer.
 _tracer: Any = trace.get_tracer("django_pgqueue") if ENABLED else None
@@ -123,7 +136,7 @@ def producer(operation: str, fn: Callable[..., Any]) -> Callable[..., Any]:
         return fn
 
     @functools.wraps(fn)
-    def traced(definition: TaskDefinition, *args: Any) -> Any:
+    def traced(definition: EnqueuedTask, *args: Any) -> Any:
         tracer = _active_tracer()
         if tracer is None:
             return fn(definition, *args)
@@ -164,7 +177,7 @@ def consumer(fn: Callable[..., OutcomeT]) -> Callable[..., OutcomeT]:
         return fn
 
     @functools.wraps(fn)
-    def traced(task: ClaimedTask, database: str, *args: Any, **kwargs: Any) -> OutcomeT:
+    def traced(task: RunningTask, database: str, *args: Any, **kwargs: Any) -> OutcomeT:
         tracer = _active_tracer()
         if tracer is None:
             return fn(task, database, *args, **kwargs)
@@ -187,7 +200,7 @@ def aconsumer(fn: Callable[..., Awaitable[OutcomeT]]) -> Callable[..., Awaitable
         return fn
 
     @functools.wraps(fn)
-    async def traced(task: ClaimedTask, database: str, *args: Any, **kwargs: Any) -> OutcomeT:
+    async def traced(task: RunningTask, database: str, *args: Any, **kwargs: Any) -> OutcomeT:
         tracer = _active_tracer()
         if tracer is None:
             return await fn(task, database, *args, **kwargs)
@@ -204,7 +217,7 @@ def aconsumer(fn: Callable[..., Awaitable[OutcomeT]]) -> Callable[..., Awaitable
     return traced
 
 
-def _process_span(tracer: Any, task: ClaimedTask) -> Any:
+def _process_span(tracer: Any, task: RunningTask) -> Any:
     # Parse the metadata only when it holds a trace context: most rows carry none.
     parent = None
     if task.metadata_json and "traceparent" in task.metadata_json:
@@ -231,7 +244,7 @@ def _process_span(tracer: Any, task: ClaimedTask) -> Any:
     )
 
 
-def _ended(span: Any, outcome: Outcome) -> None:
+def _ended(span: Any, outcome: AttemptOutcome) -> None:
     """The outcome on the span; an error status and the exception when it failed."""
     if not span.is_recording():
         return
