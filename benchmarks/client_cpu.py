@@ -19,7 +19,8 @@ import statistics
 import subprocess
 import sys
 
-from benchmarks.runner import REPO, W1_KINDS
+from benchmarks.harness import REPO
+from benchmarks.runner import W1_KINDS
 
 CHILD = r"""
 import os, sys, time

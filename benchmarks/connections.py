@@ -36,7 +36,7 @@ Runs on a private PostgreSQL cluster (initdb + pg_ctl, tests/pgcluster.py) with
 max_connections = 500, stopped and deleted at the end, also on failure or Ctrl-C: at
 concurrency 200 a worker holds more connections than a default server allows
 (max_connections = 100). The benchmark database is prepared on it as
-``python -m benchmarks`` prepares its own (benchmarks.runner.prepare_database). The
+``python -m benchmarks`` prepares its own (benchmarks.harness.prepare_database). The
 table is printed and the results written as JSON to benchmarks/results/. See
 docs/worker.md, "Database connections".
 """
@@ -57,7 +57,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from benchmarks.runner import (
+from benchmarks.harness import (
     BENCH_DB,
     REPO,
     RESULTS,

@@ -38,13 +38,7 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from benchmarks.runner import (
-    REPO,
-    prepare_database,
-    reset_queue,
-    setup_django,
-    setup_django_child,
-)
+from benchmarks.harness import REPO, prepare_database, reset_queue, setup_django, setup_django_child
 
 Variant = Callable[[int, int], None]
 
@@ -242,16 +236,17 @@ def micro(iterations: int = 20_000) -> dict[str, float]:
 
     from benchmarks.tasks import noop
     from django_pgqueue.conf import database_for
-    from django_pgqueue.enqueue import _trace_context, build_row, check_transaction
+    from django_pgqueue.enqueue import build_row, check_transaction
     from django_pgqueue.payload import check_json, dumps
     from django_pgqueue.sql import QUERIES
+    from django_pgqueue.tracing import trace_context
 
     connection.ensure_connection()
     row = build_row(noop, (1,), {})
     steps: dict[str, Callable[[], Any]] = {
         "build_row (the whole row)": lambda: build_row(noop, (1,), {}),
         "  check_json + dumps of args": lambda: dumps(check_json([1], "args")),
-        "  _trace_context (OpenTelemetry when installed)": _trace_context,
+        "  trace_context (OpenTelemetry when installed)": trace_context,
         "database_for": lambda: database_for("default"),
         "check_transaction": lambda: check_transaction(noop, "default", "default", "e"),
         "connections[alias].cursor() + close": lambda: connections["default"].cursor().close(),
@@ -312,7 +307,7 @@ BUCKETS = [
     ("psycopg execute (protocol, result)", ("psycopg/cursor.py", "psycopg/_cursor_base.py")),
     ("Django cursor wrapper", ("django/db/backends",)),
     ("build_row: JSON check and encoding", ("payload.py",)),
-    ("build_row: trace context", ("_trace_context",)),
+    ("build_row: trace context", ("trace_context",)),
     ("build_row: the rest", ("build_row",)),
     ("check_transaction / database_for", ("check_transaction", "database_for")),
     ("enqueue()'s own code", ("enqueue.py", "registry.py")),

@@ -43,7 +43,7 @@ from typing import Any
 
 import psycopg
 
-from benchmarks.runner import (
+from benchmarks.harness import (
     REPO,
     RESULTS,
     Row,
@@ -275,7 +275,7 @@ def timed_drain(
     from django_pgqueue import pause, resume
 
     with raw_connection() as conn:
-        # The workers' rows stay: they are running (runner.reset_queue drops them too).
+        # The workers' rows stay: they are running (harness.reset_queue drops them too).
         conn.execute("TRUNCATE pgqueue_task, pgqueue_dependency")
     pause("default")
     enqueue_backlog(total)

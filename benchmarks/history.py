@@ -38,7 +38,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from benchmarks.runner import (
+from benchmarks.harness import (
     RESULTS,
     Row,
     WorkerProcess,

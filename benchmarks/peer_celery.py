@@ -35,12 +35,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.runner import (
+from benchmarks.harness import (
     REPO,
     RESULTS,
     Row,
-    _process_table,
     percentile,
+    process_table,
     raw_connection,
     setup_django_child,
     wait_for,
@@ -172,7 +172,7 @@ class Worker:
 
 def _cpu(worker_pid: int, broker: str) -> tuple[float, float]:
     """CPU seconds used so far by the worker (with its pool's children) and the broker."""
-    table = _process_table()
+    table = process_table()
     ours, grew = {worker_pid}, True
     while grew:
         grew = False

@@ -29,7 +29,7 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
-from benchmarks.runner import (
+from benchmarks.harness import (
     REPO,
     RESULTS,
     cost_per_task,

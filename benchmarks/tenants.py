@@ -35,11 +35,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.runner import (
+from benchmarks.harness import (
     Row,
     WorkerProcess,
     count,
-    drain,
     percentile,
     prepare_database,
     print_table,
@@ -51,6 +50,7 @@ from benchmarks.runner import (
     wait_for,
     write_results,
 )
+from benchmarks.runner import drain
 
 BACKLOG = 200_000
 KEYS = 50

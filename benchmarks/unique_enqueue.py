@@ -28,7 +28,7 @@ import statistics
 import time
 from collections.abc import Callable
 
-from benchmarks.runner import prepare_database, raw_connection, reset_queue, setup_django
+from benchmarks.harness import prepare_database, raw_connection, reset_queue, setup_django
 
 
 def variants() -> dict[str, Callable[[int], None]]:

@@ -15,7 +15,8 @@ Public API::
     periodic(send_digest, cron="0 7 * * mon", timezone="Europe/Paris")  # docs/periodic.md
     add_schedule("nightly", "shop.tasks.report", cron="0 2 * * *")      # at runtime
 
-Everything else is private by name or lives in a submodule documented in docs/.
+Everything else is private by name or lives in a submodule documented in docs/. The
+modules' layers, and what may import what: docs/architecture.md.
 """
 
 # The release, read by the packaging too (pyproject.toml); docs/versioning.md.
@@ -44,8 +45,9 @@ from django_pgqueue.operations import (
     resume,
     signal,
 )
+from django_pgqueue.options import call
 from django_pgqueue.periodic import periodic
-from django_pgqueue.registry import TaskDefinition, call, task
+from django_pgqueue.registry import TaskDefinition, task
 from django_pgqueue.retry import RetryPolicy
 from django_pgqueue.runtime_schedules import (
     InvalidScheduleError,

@@ -38,7 +38,7 @@ from django_pgqueue.compat import (
 )
 from django_pgqueue.conf import database_for, get_settings, queue_databases
 from django_pgqueue.enqueue import insert as insert_row
-from django_pgqueue.registry import (
+from django_pgqueue.options import (
     validate_backoff,
     validate_expires,
     validate_max_attempts,

@@ -30,7 +30,8 @@ from django_pgqueue.conf import (
 from django_pgqueue.exceptions import InvalidTaskError
 from django_pgqueue.fairness import parse_weights
 from django_pgqueue.limits import parse_limits
-from django_pgqueue.registry import missing_task_modules, registry, validate_queue
+from django_pgqueue.options import validate_queue
+from django_pgqueue.registry import missing_task_modules, registry
 
 # The documentation, as pyproject.toml's [project.urls] Documentation names it.
 DOCS_URL = "https://github.com/django-pgqueue/django-pgqueue/tree/main/docs"

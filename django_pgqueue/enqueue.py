@@ -11,10 +11,8 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from django.conf import settings
 from django.core.signals import setting_changed
 from django.db import ProgrammingError, connections, transaction
-from django.utils import timezone
 
 from django_pgqueue import encryption, tracing
 from django_pgqueue.conf import database_for, migrate_command
@@ -22,25 +20,28 @@ from django_pgqueue.enqueue_cursor import enqueue_cursor
 from django_pgqueue.exceptions import InvalidTaskError, TransactionDatabaseError
 from django_pgqueue.fairness import fair_weights
 from django_pgqueue.middleware import before_enqueue
+from django_pgqueue.options import (
+    LIVE_STATES,
+    TASK_STATES,
+    Call,
+    check_key,
+    check_run_at,
+    check_unique_key,
+)
 from django_pgqueue.payload import (
     ARGS_LIMIT,
     METADATA_LIMIT,
     check_json,
     check_size,
-    check_text,
     dumps,
     fits,
 )
-from django_pgqueue.registry import LIVE_STATES, TASK_STATES, Call, in_utc
 from django_pgqueue.retry import ATOMIC_KEY
 from django_pgqueue.sql import QUERIES
 
 if TYPE_CHECKING:
     from django_pgqueue.registry import TaskDefinition
     from django_pgqueue.retry import RetryPolicy
-
-
-UNIQUE_KEY_MAX_LENGTH = 255  # the unique_key column
 
 
 def check_transaction(definition: TaskDefinition, queue: str, alias: str, how: str) -> None:
@@ -158,7 +159,7 @@ def build_row(
             kwargs_json = encryption.seal_text(kwargs_json)
     row["args"] = args_json
     row["kwargs"] = kwargs_json
-    trace = _trace_context()
+    trace = tracing.trace_context()
     metadata = definition.options.metadata
     if trace or metadata:  # a dict the caller may have changed since: checked again
         metadata_json = dumps(check_json({**trace, **metadata}, "metadata"))
@@ -168,7 +169,7 @@ def build_row(
         row["metadata"] = _EMPTY_JSON
     if "concurrency_key" not in row:
         key = _key_of(definition, args, kwargs) if key_per_call else None
-        row["concurrency_key"] = _check_key(key, "concurrency_key")
+        row["concurrency_key"] = check_key(key, "concurrency_key")
     if "fair_key" not in row:
         row["fair_key"], row["fair_weight"] = _fair_key(definition, args, kwargs, key_per_call)
     if "sequence_key" not in row:
@@ -189,14 +190,14 @@ def _build_row(
     args_json = dumps(check_json(list(args), "args"))
     kwargs_json = dumps(check_json(kwargs, "kwargs"))
     check_size(ARGS_LIMIT, args_json, kwargs_json)
-    run_at = _check_run_at(opts.run_at)
-    unique_key = _check_unique_key(opts.unique_key)
+    run_at = check_run_at(opts.run_at)
+    unique_key = check_unique_key(opts.unique_key)
     unique = None if unique_key is None else _unique_policy(definition)
     if unique_key is None and (
         opts.unique_for is not None or opts.unique_states is not None or opts.on_conflict
     ):
         _no_key(opts)
-    metadata_json = dumps(check_json({**_trace_context(), **opts.metadata}, "metadata"))
+    metadata_json = dumps(check_json({**tracing.trace_context(), **opts.metadata}, "metadata"))
     check_size(METADATA_LIMIT, metadata_json)
     backoff = opts.backoff or definition.backoff
     retry_on = definition.retry_on if opts.retry_on is None else opts.retry_on
@@ -225,7 +226,7 @@ def _build_row(
         "unique_key": unique_key,
         "unique": unique,
         "metadata": metadata_json,
-        "concurrency_key": _check_key(concurrency_key, "concurrency_key"),
+        "concurrency_key": check_key(concurrency_key, "concurrency_key"),
         "fair_key": fair_key,
         "fair_weight": fair_weight,
         "sequence_key": sequence_key,
@@ -284,7 +285,7 @@ def _key_of(definition: TaskDefinition, args: Any, kwargs: dict[str, Any]) -> An
             f"the concurrency_key function of task {definition.name!r} raised "
             f"{type(exc).__name__}: {exc}"
         ) from exc
-    return _check_key(key, f"the key of task {definition.name!r} (its concurrency_key function)")
+    return check_key(key, f"the key of task {definition.name!r} (its concurrency_key function)")
 
 
 def _state(opts: Any) -> str:
@@ -303,7 +304,7 @@ def _sequence_key(
     if definition.sequence_key is None:
         return None
     if definition.options.sequence_key is not None:
-        return _check_key(definition.options.sequence_key, "sequence_key")
+        return check_key(definition.options.sequence_key, "sequence_key")
     if not key_per_call:
         return None
     try:
@@ -313,7 +314,7 @@ def _sequence_key(
             f"the sequence_key function of task {definition.name!r} raised "
             f"{type(exc).__name__}: {exc}"
         ) from exc
-    return _check_key(key, f"the key of task {definition.name!r} (its sequence_key function)")
+    return check_key(key, f"the key of task {definition.name!r} (its sequence_key function)")
 
 
 def _fair_key(
@@ -336,69 +337,12 @@ def _fair_key(
                 f"the fair_key function of task {definition.name!r} raised "
                 f"{type(exc).__name__}: {exc}"
             ) from exc
-        key = _check_key(key, f"the key of task {definition.name!r} (its fair_key function)")
+        key = check_key(key, f"the key of task {definition.name!r} (its fair_key function)")
     else:
-        key = _check_key(key, "fair_key")
+        key = check_key(key, "fair_key")
     if key is None:
         return "", 1.0
     return key, fair_weights().of(key)
-
-
-_propagate: Any = None
-_current_span: Any = None
-
-
-def _trace_context() -> dict[str, str]:
-    """The W3C ``traceparent`` (and ``tracestate``) of the enqueuing code, when
-    OpenTelemetry is installed and a span is active; the handler finds them in
-    ``context.metadata`` and can continue the same trace."""
-    global _propagate, _current_span
-    if _propagate is None:
-        try:
-            from opentelemetry import propagate
-            from opentelemetry.trace import get_current_span
-        except ImportError:
-            propagate = get_current_span = False
-        _propagate, _current_span = propagate, get_current_span
-    if not _propagate:
-        return {}
-    # No span, or no valid span context: the W3C propagator writes neither key.
-    if not _current_span().get_span_context().is_valid:
-        return {}
-    carrier: dict[str, str] = {}
-    _propagate.inject(carrier)
-    return {k: v for k, v in carrier.items() if k in ("traceparent", "tracestate")}
-
-
-def _check_run_at(run_at: Any) -> datetime | None:
-    if run_at is None:
-        return None
-    if not isinstance(run_at, datetime):
-        raise InvalidTaskError(f"run_at must be a datetime, not {type(run_at).__name__}")
-    if settings.USE_TZ and timezone.is_naive(run_at):
-        raise InvalidTaskError(
-            f"run_at {run_at.isoformat()} is a naive datetime while USE_TZ = True; "
-            "pass an aware datetime (e.g. django.utils.timezone.now() + timedelta(...))"
-        )
-    return in_utc(run_at, "run_at")
-
-
-def _check_unique_key(unique_key: Any) -> str | None:
-    return _check_key(unique_key, "unique_key")
-
-
-def _check_key(key: Any, what: str) -> str | None:
-    """A unique_key or concurrency_key: None, or a string that fits its column."""
-    if key is None:
-        return None
-    if not isinstance(key, str):
-        raise InvalidTaskError(f"{what} must be a non-empty string, not a {type(key).__name__}")
-    if not 1 <= len(key) <= UNIQUE_KEY_MAX_LENGTH:
-        raise InvalidTaskError(
-            f"{what} must be a non-empty string of at most {UNIQUE_KEY_MAX_LENGTH} "
-            f"characters, not one of {len(key)}"
-        )
-    return check_text(key, what)
 
 
 # The SQLSTATEs of a statement that names a table or a column the database lacks:
@@ -601,7 +545,7 @@ def enqueue_many(definition: TaskDefinition, calls: Iterable[Any]) -> list[int]:
             args_list.append(check_json(args, "args"))
             kwargs_list.append(check_json(kwargs, "kwargs") if kwargs else _EMPTY)
             if keyed:
-                key = _check_key(_key_of(definition, args, kwargs), "concurrency_key")
+                key = check_key(_key_of(definition, args, kwargs), "concurrency_key")
                 keys_list.append(key)
             if fair:
                 fair_keys.append(_fair_key(definition, args, kwargs))

@@ -24,7 +24,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from django_pgqueue.payload import short_repr
+from django_pgqueue.conf import get_setting
+from django_pgqueue.reprs import short_repr
 
 # The weights a key may have (the same range as the pgqueue_fair_weight_range check).
 WEIGHT_MIN_EXCLUSIVE, WEIGHT_MAX = 0.0, 1_000_000.0
@@ -112,8 +113,6 @@ def _parsed(items: tuple[tuple[str, Any], ...]) -> Weights:
 def fair_weights() -> Weights:
     """The effective FAIR_WEIGHTS (checked by ``manage.py check``; raises if invalid).
     Read on every call, so that override_settings works; parsed once per value."""
-    from django_pgqueue.conf import get_setting
-
     value = get_setting("FAIR_WEIGHTS")
     if not isinstance(value, dict):
         return parse_weights(value)  # raises, naming the setting

@@ -48,16 +48,15 @@ from django_pgqueue.compat import (
 from django_pgqueue.conf import database_of, get_settings
 from django_pgqueue.context import TaskContext as QueueContext
 from django_pgqueue.exceptions import PgQueueError, TaskNotRegistered
-from django_pgqueue.payload import short_repr
-from django_pgqueue.registry import (
+from django_pgqueue.options import (
     TASK_NAME_MAX_LENGTH,
-    TaskDefinition,
-    registry,
     validate_backoff,
     validate_queue,
     validate_task_name,
     validate_timeout,
 )
+from django_pgqueue.registry import TaskDefinition, registry
+from django_pgqueue.reprs import short_repr
 from django_pgqueue.signals import task_settled
 
 logger = logging.getLogger("django_pgqueue.framework")

@@ -33,8 +33,9 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from django_pgqueue.payload import short_repr
-from django_pgqueue.registry import validate_queue
+from django_pgqueue.conf import get_setting
+from django_pgqueue.options import validate_queue
+from django_pgqueue.reprs import short_repr
 
 _RATE = re.compile(r"\s*(\d+)\s*/\s*(\d*(?:\.\d+)?)\s*(s|sec|second|m|min|minute|h|hour|d|day)\s*")
 _UNIT_SECONDS = {"s": 1, "sec": 1, "second": 1, "m": 60, "min": 60, "minute": 60,
@@ -154,6 +155,4 @@ def parse_limits(value: Any) -> dict[str, QueueLimit]:
 
 def queue_limits() -> dict[str, QueueLimit]:
     """The effective QUEUE_LIMITS (checked by ``manage.py check``; raises if invalid)."""
-    from django_pgqueue.conf import get_setting
-
     return parse_limits(get_setting("QUEUE_LIMITS"))

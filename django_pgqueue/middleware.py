@@ -36,7 +36,8 @@ from django.utils.module_loading import import_string
 from django_pgqueue.conf import get_setting
 from django_pgqueue.context import TaskContext
 from django_pgqueue.exceptions import InvalidTaskError
-from django_pgqueue.registry import OPTION_NAMES, TaskDefinition
+from django_pgqueue.options import OPTION_NAMES
+from django_pgqueue.registry import TaskDefinition
 
 
 class TaskMiddleware:

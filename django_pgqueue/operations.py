@@ -31,6 +31,7 @@ from django_pgqueue.exceptions import (
     TaskDoesNotExist,
 )
 from django_pgqueue.fairness import validate_pattern, validate_weight
+from django_pgqueue.options import validate_queue, validate_task_name
 from django_pgqueue.payload import (
     SIGNAL_LIMIT,
     check_json,
@@ -39,7 +40,6 @@ from django_pgqueue.payload import (
     dumps,
     short_repr,
 )
-from django_pgqueue.registry import validate_queue, validate_task_name
 from django_pgqueue.sql import QUERIES
 
 if TYPE_CHECKING:

@@ -27,7 +27,9 @@ import json
 import math
 from typing import Any, NamedTuple
 
+from django_pgqueue.conf import get_setting
 from django_pgqueue.exceptions import InvalidTaskError, PayloadTooLarge
+from django_pgqueue.reprs import short_repr
 
 _MAX_DEPTH = 100
 INT_DIGITS_MAX = 1000
@@ -221,14 +223,6 @@ def _json_kind(value: Any) -> str:
     return type(value).__name__
 
 
-def short_repr(value: Any) -> str:
-    """``repr(value)`` cut to 60 characters, for error messages; safe for huge ints."""
-    if isinstance(value, int) and value.bit_length() > 64:
-        return f"an int of {value.bit_length()} bits"  # repr() may refuse to print it
-    text = repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
-
-
 def dumps(value: Any) -> str:
     """Serialise an already-checked value."""
     return _encode(value)
@@ -304,8 +298,6 @@ def fits(limit: SizeLimit, *texts: str) -> bool:
 def _measure(limit: SizeLimit, texts: tuple[str, ...]) -> tuple[int | None, int | None]:
     """(bytes of ``texts``, the limit); the bytes are None when they are within it
     without counting (no limit, or few characters)."""
-    from django_pgqueue.conf import get_setting  # conf imports this module
-
     allowed = get_setting(limit.setting)
     if allowed is None:
         return None, None

@@ -1,4 +1,4 @@
-"""Periodic tasks: schedules declared next to their task, and their registry.
+"""Periodic tasks: schedules declared next to their task.
 
 A schedule comes from code, like a task: ``periodic(send_digest, cron="0 7 * * mon")``
 in an app's tasks.py registers it when the module is imported. A deploy that adds,
@@ -9,28 +9,36 @@ docs/periodic.md.
 
 ``from django_pgqueue import periodic`` declares; ``from django_pgqueue.periodic import
 run_now, schedules`` for the rest (the package's ``periodic`` is the function). Schedules
-added, changed, paused and removed at runtime: runtime_schedules.py.
+added, changed, paused and removed at runtime: runtime_schedules.py; what both build (a
+ScheduleDefinition, checked) and the registry of those from code: schedule.py.
 """
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, TypeVar, overload
-from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from django.core.exceptions import ImproperlyConfigured
 
-from django_pgqueue.enqueue import build_row
-from django_pgqueue.exceptions import InvalidTaskError, PgQueueError
-from django_pgqueue.payload import check_text, short_repr
+from django_pgqueue.exceptions import InvalidTaskError
+from django_pgqueue.payload import check_text
 from django_pgqueue.registry import TaskDefinition
-from django_pgqueue.ticks import MISSED_POLICIES, Cron, Every, InvalidSchedule, Ticks, due
+from django_pgqueue.reprs import short_repr
+from django_pgqueue.runtime_schedules import runtime_definition
+from django_pgqueue.schedule import CATCH_UP_LIMIT_MAX as CATCH_UP_LIMIT_MAX
+from django_pgqueue.schedule import NAME_MAX_LENGTH as NAME_MAX_LENGTH
+from django_pgqueue.schedule import ScheduleDefinition as ScheduleDefinition
+from django_pgqueue.schedule import ScheduleNotDeclared as ScheduleNotDeclared
+from django_pgqueue.schedule import ScheduleRegistry as ScheduleRegistry
+from django_pgqueue.schedule import (
+    check_args,
+    check_catch_up_limit,
+    check_missed,
+    schedule_registry,
+    schedule_ticks,
+)
 
-NAME_MAX_LENGTH = 255  # pgqueue_schedule.name
-CATCH_UP_LIMIT_MAX = 1000
 # Per-call options that a tick cannot honour: its task is due at its tick, enqueued by
 # a worker, once per tick already.
 _REFUSED_OPTIONS = (
@@ -39,116 +47,6 @@ _REFUSED_OPTIONS = (
 
 # @periodic(...) above @task returns the task as it was, parameters and all.
 T = TypeVar("T", bound=TaskDefinition[..., Any])
-
-
-class ScheduleNotDeclared(PgQueueError, LookupError):
-    """No schedule of this name is declared in this process."""
-
-
-@dataclass(frozen=True, eq=False)
-class ScheduleDefinition:
-    """One schedule: a task (with its ``using(...)`` options), its arguments, and when."""
-
-    name: str
-    task: TaskDefinition
-    ticks: Ticks
-    args: tuple[Any, ...]
-    kwargs: dict[str, Any]
-    timezone: str
-    missed: str
-    catch_up_limit: int
-    # A runtime schedule's definition as its row stores it (runtime_schedules.py); None
-    # for a schedule from code.
-    stored: dict[str, Any] | None = None
-
-    @property
-    def queue(self) -> str:
-        return self.task.options.queue or self.task.queue
-
-    @property
-    def spec(self) -> str:
-        """The schedule as people write it: ``0 7 * * mon`` or ``every 10s``."""
-        return str(self.ticks)
-
-    def due(
-        self, last_tick: datetime | None, first_seen: datetime, now: datetime
-    ) -> list[datetime]:
-        """The ticks to enqueue at ``now`` (the database's clock), oldest first."""
-        return due(
-            self.ticks,
-            last_tick=last_tick,
-            first_seen=first_seen,
-            now=now,
-            missed=self.missed,
-            catch_up_limit=self.catch_up_limit,
-        )
-
-    def next_tick(self, after: datetime) -> datetime | None:
-        return self.ticks.after(after)
-
-    def task_row(self, metadata: dict[str, Any]) -> dict[str, Any]:
-        """The task's INSERT parameters, validated exactly as an enqueue's (build_row),
-        with ``metadata`` added to the task's own."""
-        definition = self.task.using(metadata={**self.task.options.metadata, **metadata})
-        return build_row(definition, self.args, self.kwargs)
-
-    def _identity(self) -> tuple:
-        task = self.task
-        return (task.name, task.version, task.options, self.ticks, self.args, self.kwargs,
-                self.timezone, self.missed, self.catch_up_limit)  # fmt: skip
-
-
-class ScheduleRegistry:
-    """Schedule name -> ScheduleDefinition, filled by importing modules that call
-    ``periodic``. A name declared twice with different schedules is an error."""
-
-    def __init__(self) -> None:
-        self._schedules: dict[str, ScheduleDefinition] = {}
-        self._lock = threading.Lock()
-
-    def register(self, schedule: ScheduleDefinition, *, named: bool) -> None:
-        with self._lock:
-            existing = self._schedules.get(schedule.name)
-            if existing is not None and existing._identity() != schedule._identity():
-                if named:
-                    raise ImproperlyConfigured(
-                        f"schedule {schedule.name!r} is declared twice, with different "
-                        "schedules; give one of them another name=..."
-                    )
-                raise ImproperlyConfigured(
-                    f"task {schedule.task.name!r} has several schedules: give each "
-                    f"periodic(...) of it its own name=..., e.g. "
-                    f"name={schedule.task.name + ':morning'!r}"
-                )
-            self._schedules[schedule.name] = schedule
-
-    def unregister(self, name: str) -> None:
-        with self._lock:
-            self._schedules.pop(name, None)
-
-    def get(self, name: str) -> ScheduleDefinition:
-        try:
-            return self._schedules[name]
-        except KeyError:
-            known = ", ".join(sorted(self._schedules)) or "(none)"
-            raise ScheduleNotDeclared(
-                f"schedule {name!r} is not declared in this process; declared schedules: "
-                f"{known}. Is the module that calls periodic(...) imported (an installed "
-                "app's tasks.py, or PGQUEUE['TASK_MODULES'])?"
-            ) from None
-
-    def find(self, name: str) -> ScheduleDefinition | None:
-        """The schedule of this name, or None if it is not declared."""
-        return self._schedules.get(name)
-
-    def __contains__(self, name: object) -> bool:
-        return name in self._schedules
-
-    def all(self) -> list[ScheduleDefinition]:
-        return [self._schedules[name] for name in sorted(self._schedules)]
-
-
-schedule_registry = ScheduleRegistry()
 
 
 @overload
@@ -257,12 +155,12 @@ def _declare(
     schedule = ScheduleDefinition(
         name=schedule_name,
         task=task,
-        ticks=_ticks(where, cron, every, timezone),
-        args=_args(where, args),
+        ticks=schedule_ticks(where, cron, every, timezone),
+        args=check_args(where, args),
         kwargs={} if kwargs is None else kwargs,
         timezone=timezone,
-        missed=_missed(where, missed),
-        catch_up_limit=_catch_up_limit(where, catch_up_limit),
+        missed=check_missed(where, missed),
+        catch_up_limit=check_catch_up_limit(where, catch_up_limit),
     )
     refused = [o for o in _REFUSED_OPTIONS if getattr(task.options, o) is not None]
     if refused:
@@ -276,60 +174,6 @@ def _declare(
         raise InvalidTaskError(f"{where}: {exc}") from exc
     schedule_registry.register(schedule, named=name is not None)
     return schedule
-
-
-def _ticks(where: str, cron: str | None, every: float | None, timezone: str) -> Ticks:
-    if (cron is None) == (every is None):
-        raise ImproperlyConfigured(f"{where}: pass either cron=... or every=..., not both")
-    try:
-        zone = ZoneInfo(timezone)
-    except (ZoneInfoNotFoundError, ValueError, TypeError):
-        raise ImproperlyConfigured(
-            f"{where}: timezone {short_repr(timezone)} is not a known IANA time zone "
-            "(e.g. 'Europe/Paris', 'UTC')"
-        ) from None
-    try:
-        if cron is not None:
-            return Cron(cron, zone)
-        if timezone != "UTC":
-            raise InvalidSchedule(
-                "timezone applies to cron schedules only: every= ticks are counted from the "
-                "Unix epoch; leave timezone out"
-            )
-        return Every(every)
-    except InvalidSchedule as exc:
-        raise ImproperlyConfigured(f"{where}: {exc}") from exc
-
-
-def _args(where: str, args: Any) -> tuple[Any, ...]:
-    if isinstance(args, str | bytes | dict) or not isinstance(args, Sequence):
-        raise ImproperlyConfigured(
-            f"{where}: args must be a list or tuple of the task's positional arguments, "
-            f"not {short_repr(args)}"
-        )
-    return tuple(args)
-
-
-def _missed(where: str, missed: Any) -> str:
-    if missed not in MISSED_POLICIES:
-        raise ImproperlyConfigured(
-            f"{where}: missed={short_repr(missed)}: use one of "
-            + ", ".join(repr(p) for p in MISSED_POLICIES)
-        )
-    return missed
-
-
-def _catch_up_limit(where: str, limit: Any) -> int:
-    if (
-        isinstance(limit, bool)
-        or not isinstance(limit, int)
-        or not 1 <= limit <= CATCH_UP_LIMIT_MAX
-    ):
-        raise ImproperlyConfigured(
-            f"{where}: catch_up_limit must be an int from 1 to {CATCH_UP_LIMIT_MAX}, "
-            f"not {short_repr(limit)}"
-        )
-    return limit
 
 
 def run_now(name: str) -> int:
@@ -348,7 +192,6 @@ def _runtime(name: str) -> ScheduleDefinition | None:
     """The runtime schedule of this name, from its row on a database with a task table."""
     from django_pgqueue.conf import queue_databases
     from django_pgqueue.models import Schedule
-    from django_pgqueue.runtime_schedules import runtime_definition
 
     for alias in queue_databases():
         row = Schedule.objects.using(alias).filter(name=name, definition__isnull=False).first()
@@ -377,7 +220,6 @@ def schedules(using: str | None = None) -> list[dict[str, Any]]:
 
     from django_pgqueue.conf import database_for, queue_databases, read_database
     from django_pgqueue.models import Schedule
-    from django_pgqueue.runtime_schedules import runtime_definition
 
     declared = {s.name: s for s in schedule_registry.all()}
     aliases = [using] if using else queue_databases()

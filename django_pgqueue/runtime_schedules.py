@@ -25,22 +25,23 @@ from django.core.exceptions import ImproperlyConfigured
 from django.db import connections
 
 from django_pgqueue.exceptions import InvalidTaskError, PgQueueError, TaskNotRegistered
-from django_pgqueue.payload import check_json, check_text, short_repr
-from django_pgqueue.periodic import (
-    NAME_MAX_LENGTH,
-    ScheduleDefinition,
-    _args,
-    _catch_up_limit,
-    _missed,
-    _ticks,
-    schedule_registry,
-)
-from django_pgqueue.registry import (
-    registry,
+from django_pgqueue.options import (
     validate_max_attempts,
     validate_priority,
     validate_queue,
     validate_timeout,
+)
+from django_pgqueue.payload import check_json, check_text
+from django_pgqueue.registry import registry
+from django_pgqueue.reprs import short_repr
+from django_pgqueue.schedule import (
+    NAME_MAX_LENGTH,
+    ScheduleDefinition,
+    check_args,
+    check_catch_up_limit,
+    check_missed,
+    schedule_registry,
+    schedule_ticks,
 )
 from django_pgqueue.sql import QUERIES
 
@@ -108,12 +109,12 @@ def _definition(
         schedule = ScheduleDefinition(
             name=name,
             task=task,
-            ticks=_ticks(where, fields["cron"], fields["every"], fields["timezone"]),
-            args=_args(where, fields["args"]),
+            ticks=schedule_ticks(where, fields["cron"], fields["every"], fields["timezone"]),
+            args=check_args(where, fields["args"]),
             kwargs=fields["kwargs"],
             timezone=fields["timezone"],
-            missed=_missed(where, fields["missed"]),
-            catch_up_limit=_catch_up_limit(where, fields["catch_up_limit"]),
+            missed=check_missed(where, fields["missed"]),
+            catch_up_limit=check_catch_up_limit(where, fields["catch_up_limit"]),
             stored=stored,
         )
         if not isinstance(schedule.kwargs, dict):

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol, TypeVar
 
 try:
     from opentelemetry import context as otel_context
@@ -33,17 +33,62 @@ try:
 except ImportError:
     trace = None
 
-if TYPE_CHECKING:
-    from django_pgqueue.registry import TaskDefinition
-    from django_pgqueue.worker.claimed import ClaimedTask
-    from django_pgqueue.worker.outcomes import Outcome
-
 ENABLED = trace is not None
 SYSTEM = "django_pgqueue"
 # The outcome labels (worker/outcomes.py) that mark a span as an error: the attempt
 # failed (and will be retried, or dead-letters), timed out, or lost its lease.
 ERROR_OUTCOMES = frozenset({"failure", "timeout", "lost"})
 _TRACE_KEYS = ("traceparent", "tracestate")
+
+
+class _Options(Protocol):
+    @property
+    def queue(self) -> str | None: ...
+
+
+class EnqueuedTask(Protocol):
+    """What a PRODUCER span reads of the task enqueued (registry.py's TaskDefinition)."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def queue(self) -> str: ...
+    @property
+    def options(self) -> _Options: ...
+
+
+class RunningTask(Protocol):
+    """What a CONSUMER span reads of the task it runs (the worker's ClaimedTask)."""
+
+    @property
+    def id(self) -> int: ...
+    @property
+    def task_name(self) -> str: ...
+    @property
+    def queue(self) -> str: ...
+    @property
+    def attempt(self) -> int: ...
+    @property
+    def metadata_json(self) -> str: ...
+    @property
+    def metadata(self) -> dict[str, Any]: ...
+
+
+class AttemptOutcome(Protocol):
+    """What a CONSUMER span records of how the attempt ended (the worker's Outcome)."""
+
+    @property
+    def label(self) -> str: ...
+    @property
+    def state(self) -> str: ...
+    @property
+    def error(self) -> dict[str, Any] | None: ...
+    @property
+    def exc(self) -> BaseException | None: ...
+
+
+# The worker's own Outcome, returned through a consumer as it came.
+OutcomeT = TypeVar("OutcomeT", bound=AttemptOutcome)
 
 # A ProxyTracer until the project sets a TracerProvider, then the project's tracer.
 _tracer: Any = trace.get_tracer("django_pgqueue") if ENABLED else None
@@ -68,6 +113,21 @@ def _active_tracer() -> Any:
     return _tracer
 
 
+def trace_context() -> dict[str, str]:
+    """The W3C ``traceparent`` (and ``tracestate``) of the enqueuing code, when
+    OpenTelemetry is installed and a span is active, for the row's ``metadata``: the
+    handler finds them in ``context.metadata``, and its CONSUMER span continues the
+    same trace."""
+    if not ENABLED:
+        return {}
+    # No span, or no valid span context: the W3C propagator writes neither key.
+    if not trace.get_current_span().get_span_context().is_valid:
+        return {}
+    carrier: dict[str, str] = {}
+    propagate.inject(carrier)
+    return {k: v for k, v in carrier.items() if k in _TRACE_KEYS}
+
+
 def producer(operation: str, fn: Callable[..., Any]) -> Callable[..., Any]:
     """``fn(definition, ...)`` (an enqueue returning an id, (id, enqueued_at), or a
     list of ids) in a PRODUCER span named ``<operation> <task name>``; ``fn`` itself
@@ -76,7 +136,7 @@ def producer(operation: str, fn: Callable[..., Any]) -> Callable[..., Any]:
         return fn
 
     @functools.wraps(fn)
-    def traced(definition: TaskDefinition, *args: Any) -> Any:
+    def traced(definition: EnqueuedTask, *args: Any) -> Any:
         tracer = _active_tracer()
         if tracer is None:
             return fn(definition, *args)
@@ -110,14 +170,14 @@ def producer(operation: str, fn: Callable[..., Any]) -> Callable[..., Any]:
     return traced
 
 
-def consumer(fn: Callable[..., Outcome]) -> Callable[..., Outcome]:
+def consumer(fn: Callable[..., OutcomeT]) -> Callable[..., OutcomeT]:
     """A sync ``fn(task, database, ...) -> Outcome`` in a CONSUMER span; ``fn`` itself
     without OpenTelemetry."""
     if not ENABLED:
         return fn
 
     @functools.wraps(fn)
-    def traced(task: ClaimedTask, database: str, *args: Any, **kwargs: Any) -> Outcome:
+    def traced(task: RunningTask, database: str, *args: Any, **kwargs: Any) -> OutcomeT:
         tracer = _active_tracer()
         if tracer is None:
             return fn(task, database, *args, **kwargs)
@@ -134,13 +194,13 @@ def consumer(fn: Callable[..., Outcome]) -> Callable[..., Outcome]:
     return traced
 
 
-def aconsumer(fn: Callable[..., Awaitable[Outcome]]) -> Callable[..., Awaitable[Outcome]]:
+def aconsumer(fn: Callable[..., Awaitable[OutcomeT]]) -> Callable[..., Awaitable[OutcomeT]]:
     """``consumer`` for ``async def fn(task, database, ...) -> Outcome``."""
     if not ENABLED:
         return fn
 
     @functools.wraps(fn)
-    async def traced(task: ClaimedTask, database: str, *args: Any, **kwargs: Any) -> Outcome:
+    async def traced(task: RunningTask, database: str, *args: Any, **kwargs: Any) -> OutcomeT:
         tracer = _active_tracer()
         if tracer is None:
             return await fn(task, database, *args, **kwargs)
@@ -157,7 +217,7 @@ def aconsumer(fn: Callable[..., Awaitable[Outcome]]) -> Callable[..., Awaitable[
     return traced
 
 
-def _process_span(tracer: Any, task: ClaimedTask) -> Any:
+def _process_span(tracer: Any, task: RunningTask) -> Any:
     # Parse the metadata only when it holds a trace context: most rows carry none.
     parent = None
     if task.metadata_json and "traceparent" in task.metadata_json:
@@ -184,7 +244,7 @@ def _process_span(tracer: Any, task: ClaimedTask) -> Any:
     )
 
 
-def _ended(span: Any, outcome: Outcome) -> None:
+def _ended(span: Any, outcome: AttemptOutcome) -> None:
     """The outcome on the span; an error status and the exception when it failed."""
     if not span.is_recording():
         return

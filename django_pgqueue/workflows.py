@@ -19,32 +19,12 @@ A step reads what its parents returned with ``context.parent_results()`` (tasks 
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from django_pgqueue.conf import database_for
 from django_pgqueue.exceptions import InvalidTaskError
-
-if TYPE_CHECKING:
-    from django_pgqueue.registry import TaskDefinition
-
-
-@dataclass(frozen=True)
-class Step:
-    """One call of a task, not yet enqueued: ``send_receipt.step(order.id)``."""
-
-    task: TaskDefinition
-    args: tuple[Any, ...]
-    kwargs: dict[str, Any]
-
-    def enqueue(self, after: Iterable[int] = (), after_failure: str | None = None) -> int:
-        options: dict[str, Any] = {}
-        if after:
-            options["after"] = [*self.task.options.after, *after]
-        if after_failure is not None:
-            options["after_failure"] = after_failure
-        definition = self.task.using(**options) if options else self.task
-        return definition.enqueue(*self.args, **self.kwargs)
+from django_pgqueue.options import call
+from django_pgqueue.registry import Step as Step
 
 
 def _steps(steps: Iterable[Step], what: str, extra: Iterable[Step] = ()) -> list[Step]:
@@ -119,6 +99,4 @@ def chord(
 
 
 def _call(step: Step) -> Any:
-    from django_pgqueue.registry import call
-
     return call(*step.args, **step.kwargs)

@@ -14,7 +14,6 @@ finished batch done and the rest untouched; running the action again finishes it
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from django.contrib import messages
@@ -31,18 +30,20 @@ from django_pgqueue.admin.input import task_id
 from django_pgqueue.models import Task
 
 if TYPE_CHECKING:
-    from django_pgqueue.admin.tasks import Operation, TaskAdmin
+    from django.contrib.admin import ModelAdmin
+
+    from django_pgqueue.admin.operation import Operation
 
 BATCH_SIZE = 1000
 CONFIRM = "pgqueue_confirm"
 UPTO = "pgqueue_upto"
 
 
-def _retry(database: str, ids: list[int]) -> tuple[list[int], list[int]]:
+def retry_batch(database: str, ids: list[int]) -> tuple[list[int], list[int]]:
     return operations.retry_now(ids, database=database), []
 
 
-def _cancel(database: str, ids: list[int], hard: bool = False) -> tuple[list[int], list[int]]:
+def cancel_batch(database: str, ids: list[int], hard: bool = False) -> tuple[list[int], list[int]]:
     cancelled, requested = [], []
     for one in ids:
         outcome = operations.cancel(one, hard=hard, database=database)
@@ -53,30 +54,20 @@ def _cancel(database: str, ids: list[int], hard: bool = False) -> tuple[list[int
     return cancelled, requested
 
 
-def _cancel_hard(database: str, ids: list[int]) -> tuple[list[int], list[int]]:
-    return _cancel(database, ids, hard=True)
+def cancel_hard_batch(database: str, ids: list[int]) -> tuple[list[int], list[int]]:
+    return cancel_batch(database, ids, hard=True)
 
 
-def _requeue(database: str, ids: list[int]) -> tuple[list[int], list[int]]:
+def requeue_batch(database: str, ids: list[int]) -> tuple[list[int], list[int]]:
     return operations.requeue_dead(ids, database=database), []
 
 
-def _delete(database: str, ids: list[int]) -> tuple[list[int], list[int]]:
+def delete_batch(database: str, ids: list[int]) -> tuple[list[int], list[int]]:
     return operations.delete_finished(ids, database=database), []
 
 
-# operation name -> (one batch: (done ids, cancel-requested ids), the history's words)
-BATCHES: dict[str, tuple[Callable[[str, list[int]], tuple[list[int], list[int]]], str]] = {
-    "retry_now": (_retry, "Retried now (bulk)."),
-    "cancel": (_cancel, "Cancelled (bulk)."),
-    "cancel_hard": (_cancel_hard, "Cancelled (bulk, kill)."),
-    "requeue": (_requeue, "Requeued from the dead letters (bulk)."),
-    "delete": (_delete, ""),
-}
-
-
 def bulk_action(
-    model_admin: TaskAdmin, request: HttpRequest, queryset: QuerySet, op: Operation
+    model_admin: ModelAdmin, request: HttpRequest, queryset: QuerySet, op: Operation
 ) -> HttpResponse | None:
     """ "Select all" of a list: the confirmation page (with the counts), or, confirmed,
     the work in batches. ``queryset`` is the list's, on DATABASE."""
@@ -92,7 +83,7 @@ def bulk_action(
 
 
 def _confirmation(
-    model_admin: TaskAdmin,
+    model_admin: ModelAdmin,
     request: HttpRequest,
     queryset: QuerySet,
     eligible: QuerySet,
@@ -136,9 +127,9 @@ def _confirmation(
 
 
 def _run_batches(
-    model_admin: TaskAdmin, request: HttpRequest, eligible: QuerySet, op: Operation
+    model_admin: ModelAdmin, request: HttpRequest, eligible: QuerySet, op: Operation
 ) -> None:
-    run, words = BATCHES[op.name]
+    run, words = op.batch, op.history
     database = request_database(request)
     done = requested = asked = batches = 0
     kept: dict[int, str] = {}
@@ -150,14 +141,14 @@ def _run_batches(
             break
         below = ids[-1]
         with transaction.atomic(using=database):
-            if op.name == "delete":  # the history needs the rows before they go
+            if op.deletes:  # the history needs the rows before they go
                 doomed = list(
                     Task.objects.using(database).filter(pk__in=ids).only("pk", "task_name", "state")
                 )
             changed, cancel_requested = run(database, ids)
             if isinstance(changed, operations.Revived):
                 kept.update(changed.skipped)
-            if op.name == "delete":
+            if op.deletes:
                 gone = set(changed)
                 _log(request, [t for t in doomed if t.pk in gone], DELETION, words)
             else:

@@ -32,7 +32,7 @@ from django_pgqueue.models import Task
 from django_pgqueue.registry import ContextTaskDefinition, TaskDefinition, registry
 
 if TYPE_CHECKING:
-    from django_pgqueue.admin.tasks import TaskAdmin
+    from django.contrib.admin import ModelAdmin
 
 
 def can_enqueue(request: HttpRequest) -> bool:
@@ -109,7 +109,7 @@ def _check_signature(definition: TaskDefinition[..., Any], args: list[Any], kwar
         ) from None
 
 
-def enqueue_view(model_admin: TaskAdmin, request: HttpRequest) -> HttpResponse:
+def enqueue_view(model_admin: ModelAdmin, request: HttpRequest) -> HttpResponse:
     if not can_enqueue(request):
         raise PermissionDenied("Enqueue a task: permission denied (needs enqueue_task)")
     request.current_app = model_admin.admin_site.name

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -23,7 +22,15 @@ from django.utils import timezone
 from django.utils.html import format_html, format_html_join
 
 from django_pgqueue import operations
-from django_pgqueue.admin.bulk import bulk_action, kept_message
+from django_pgqueue.admin.bulk import (
+    bulk_action,
+    cancel_batch,
+    cancel_hard_batch,
+    delete_batch,
+    kept_message,
+    requeue_batch,
+    retry_batch,
+)
 from django_pgqueue.admin.common import (
     EMPTY,
     HIDDEN,
@@ -54,6 +61,7 @@ from django_pgqueue.admin.input import (
     task_id,
     task_id_or_404,
 )
+from django_pgqueue.admin.operation import Operation
 from django_pgqueue.admin.search import PARAMETERS as SEARCH_PARAMETERS
 from django_pgqueue.admin.search import ContentSearchFilter, search_context, searching
 from django_pgqueue.conf import get_settings, queue_databases, read_database
@@ -373,15 +381,6 @@ class DueFilter(admin.SimpleListFilter):
 # -- operations shared by the list actions and the detail page's buttons --------------
 
 
-@dataclass(frozen=True)
-class Operation:
-    name: str
-    label: str
-    permission: str  # "change" or "delete"
-    applies_to: tuple[str, ...]  # the states it can change
-    run: Callable[[TaskAdmin, HttpRequest, list[int]], None]
-
-
 def _report(request: HttpRequest, done: int, asked: int, success: str, skipped_reason: str) -> None:
     """``success`` is a template: "Retried {count} {noun}."."""
     if done:
@@ -502,20 +501,50 @@ OPERATIONS = {
     op.name: op
     for op in (
         Operation(
-            "retry_now", "Retry now", "change", ("scheduled", "pending", "failed"), _retry_now
+            name="retry_now",
+            label="Retry now",
+            permission="change",
+            applies_to=("scheduled", "pending", "failed"),
+            run=_retry_now,
+            batch=retry_batch,
+            history="Retried now (bulk).",
         ),
         Operation(
-            "cancel", "Cancel", "change", ("scheduled", "pending", "waiting", "running"), _cancel
+            name="cancel",
+            label="Cancel",
+            permission="change",
+            applies_to=("scheduled", "pending", "waiting", "running"),
+            run=_cancel,
+            batch=cancel_batch,
+            history="Cancelled (bulk).",
         ),
         Operation(
-            "cancel_hard",
-            "Cancel (kill the handler)",
-            "change",
-            ("running",),
-            _cancel_hard,
+            name="cancel_hard",
+            label="Cancel (kill the handler)",
+            permission="change",
+            applies_to=("running",),
+            run=_cancel_hard,
+            batch=cancel_hard_batch,
+            history="Cancelled (bulk, kill).",
         ),
-        Operation("requeue", "Requeue (fresh attempts)", "change", ("failed",), _requeue),
-        Operation("delete", "Delete", "delete", TERMINAL_STATES, _delete),
+        Operation(
+            name="requeue",
+            label="Requeue (fresh attempts)",
+            permission="change",
+            applies_to=("failed",),
+            run=_requeue,
+            batch=requeue_batch,
+            history="Requeued from the dead letters (bulk).",
+        ),
+        Operation(
+            name="delete",
+            label="Delete",
+            permission="delete",
+            applies_to=TERMINAL_STATES,
+            run=_delete,
+            batch=delete_batch,
+            history="",
+        ),
     )
 }
 

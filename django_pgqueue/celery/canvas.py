@@ -33,8 +33,9 @@ from django_pgqueue.celery.signals import after_task_publish, before_task_publis
 from django_pgqueue.celery.state import get_current_app
 from django_pgqueue.conf import database_for, get_settings
 from django_pgqueue.exceptions import InvalidTaskError
-from django_pgqueue.payload import short_repr
-from django_pgqueue.registry import TaskDefinition, validate_task_name
+from django_pgqueue.options import validate_task_name
+from django_pgqueue.registry import TaskDefinition
+from django_pgqueue.reprs import short_repr
 from django_pgqueue.retry import RetryPolicy
 from django_pgqueue.workflows import Step
 from django_pgqueue.workflows import group as group_steps

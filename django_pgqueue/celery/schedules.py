@@ -13,7 +13,7 @@ from typing import Any
 
 from django_pgqueue.celery.exceptions import Unsupported
 from django_pgqueue.exceptions import InvalidTaskError
-from django_pgqueue.payload import short_repr
+from django_pgqueue.reprs import short_repr
 
 
 class crontab:

@@ -69,7 +69,8 @@ from django_pgqueue.context import TaskContext
 from django_pgqueue.exceptions import Cancelled, HandlerSignal, InvalidTaskError
 from django_pgqueue.exceptions import Retry as QueueRetry
 from django_pgqueue.operations import get_task
-from django_pgqueue.registry import MAX_ATTEMPTS_LIMIT, TaskDefinition
+from django_pgqueue.options import MAX_ATTEMPTS_LIMIT
+from django_pgqueue.registry import TaskDefinition
 from django_pgqueue.registry import task as queue_task
 from django_pgqueue.retry import exception_name
 

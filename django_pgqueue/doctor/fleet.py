@@ -316,8 +316,8 @@ def _schedule_periods(alias: str) -> list[tuple[str, str, float]]:
     """(name, queue, longest gap between its next ticks) of the schedules whose queue
     is on ``alias``: those declared in code and those added at runtime."""
     from django_pgqueue.models import Schedule
-    from django_pgqueue.periodic import schedule_registry
     from django_pgqueue.runtime_schedules import runtime_definition
+    from django_pgqueue.schedule import schedule_registry
 
     schedules = {s.name: s for s in schedule_registry.all()}
     for row in Schedule.objects.using(alias).exclude(definition=None).only("name", "definition"):

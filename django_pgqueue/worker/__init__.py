@@ -24,7 +24,8 @@ One module per concept:
 - ``inflight``: the claims this process holds and has not settled yet, keyed by lease.
 - ``connection``: the components' own PostgreSQL connections, reconnecting with backoff.
 - ``logging``: log set-up, and the execution each log line is about.
-- ``task_logs``: the records a handler logs during an attempt, kept with it (TASK_LOGS).
+- ``task_logs``: the records a handler logs during an attempt, kept with it (TASK_LOGS);
+  ``attempt_log``: one attempt's records, within their limits.
 - ``stats``: the counters a worker keeps about itself (``metrics_server`` exports them).
 - ``metrics_server``: the worker's Prometheus metrics and its ``/metrics`` HTTP server.
 """

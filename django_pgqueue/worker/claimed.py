@@ -24,7 +24,7 @@ from django_pgqueue.context import TaskContext
 if TYPE_CHECKING:
     import psycopg
 
-    from django_pgqueue.worker.task_logs import AttemptLog
+    from django_pgqueue.worker.attempt_log import AttemptLog
 
 
 class Lease(NamedTuple):

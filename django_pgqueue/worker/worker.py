@@ -21,8 +21,8 @@ from django_pgqueue import __version__
 from django_pgqueue.conf import SETTINGS, database_for, get_settings
 from django_pgqueue.limits import queue_limits
 from django_pgqueue.middleware import stack as middleware_stack
-from django_pgqueue.periodic import schedule_registry
 from django_pgqueue.registry import registry
+from django_pgqueue.schedule import schedule_registry
 from django_pgqueue.sql import QUERIES
 from django_pgqueue.worker import task_logs
 from django_pgqueue.worker.async_slots import AsyncSlots

@@ -24,7 +24,8 @@ from django_pgqueue.conf import (
     queue_databases,
     queues_by_database,
 )
-from django_pgqueue.registry import missing_task_modules, registry, validate_queue
+from django_pgqueue.options import validate_queue
+from django_pgqueue.registry import missing_task_modules, registry
 from django_pgqueue.worker.logging import configure_logging, configured_format
 from django_pgqueue.worker.worker import EXIT_RECYCLE, Worker, WorkerOptions, reexec
 
