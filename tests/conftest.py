@@ -158,7 +158,7 @@ class WorkerProcess:
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
 
-    def wait_started(self, timeout: float = 30) -> WorkerProcess:
+    def wait_started(self, timeout: float = 90) -> WorkerProcess:
         wait_until(
             lambda: " started: " in self.log() or self.proc.poll() is not None,
             timeout,

@@ -274,7 +274,7 @@ def test_the_rows_of_a_claim_whose_reply_was_lost_are_found_by_its_tokens(pg):
     ids = [fault_tasks.healthy.enqueue("unused") for _ in range(4)]
     claimed = [sqlhelpers.claim(pg, 1)[0] for _ in ids]
     assert sorted(t.id for t in claimed) == sorted(ids)
-    lost, other, unasked, finished = claimed
+    lost, other, _unasked, finished = claimed
     assert sqlhelpers.settle(pg, [sqlhelpers.success(finished)]) == {finished.id: "succeeded"}
 
     # When a claimer looks up the claims whose reply it lost, by their tokens (one of
