@@ -78,6 +78,7 @@ def messages_of(response) -> list[str]:
 # -- the task list --------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_the_task_list_filters_by_state_queue_and_task_name(admin_client):
     wanted = dead(queue="emails", task_name="tests.tasks.record")
     dead(queue="default", task_name="tests.tasks.record")
@@ -91,6 +92,7 @@ def test_the_task_list_filters_by_state_queue_and_task_name(admin_client):
     assert [t.pk for t in response.context["cl"].result_list] == [wanted.pk]
 
 
+@pytest.mark.slow
 def test_the_due_filter_separates_due_from_scheduled_tasks(admin_client):
     now_due = due()
     TaskFactory(run_at=timezone.now() + timedelta(hours=1))
@@ -100,6 +102,7 @@ def test_the_due_filter_separates_due_from_scheduled_tasks(admin_client):
     assert [t.pk for t in response.context["cl"].result_list] == [now_due.pk]
 
 
+@pytest.mark.slow
 def test_search_finds_a_task_by_id_or_by_its_exact_unique_key(admin_client):
     first, second = due(unique_key="order-7"), due(unique_key="order-77")
 

@@ -377,6 +377,7 @@ def expire_lease_now(task_id: int) -> None:
 @MODES
 @pytest.mark.parametrize(("handler", "kept"), [(atomic_effect, 0), (plain_effect, 1)],
                          ids=["atomic", "plain"])
+@pytest.mark.slow
 def test_a_commit_after_the_sweep_recovered_the_lease_rolls_the_writes_back(
     start_worker, tmp_path, execution, handler, kept
 ):
@@ -401,6 +402,7 @@ def test_a_commit_after_the_sweep_recovered_the_lease_rolls_the_writes_back(
         assert "before its atomic transaction could commit" in worker.log()
 
 
+@pytest.mark.slow
 @pytest.mark.django_db(transaction=True)
 @MODES
 def test_an_atomic_attempt_whose_lease_lapsed_does_not_commit_and_runs_again(
@@ -427,6 +429,7 @@ def test_an_atomic_attempt_whose_lease_lapsed_does_not_commit_and_runs_again(
     assert "before its atomic transaction could commit" in worker.log()
 
 
+@pytest.mark.slow
 @pytest.mark.django_db(transaction=True)
 @MODES
 def test_an_atomic_handler_leaves_its_row_unlocked_and_its_lease_renewed(
@@ -458,6 +461,7 @@ def test_an_atomic_handler_leaves_its_row_unlocked_and_its_lease_renewed(
     assert effects(task_id) == ["n=1"]
 
 
+@pytest.mark.slow
 @pytest.mark.django_db(transaction=True)
 @MODES
 def test_a_worker_commits_atomic_successes_and_rolls_back_failures(start_worker, execution):

@@ -399,6 +399,7 @@ def test_a_task_enqueued_receiver_that_raises_does_not_fail_the_enqueue():
 
 
 # -- with a worker --------------------------------------------------------------------
+@pytest.mark.slow
 @with_worker
 def test_a_worker_runs_a_framework_task_and_refresh_shows_the_outcome(start_worker):
     result = framework_tasks.add.enqueue(2, 3)
@@ -458,6 +459,7 @@ def test_higher_priority_framework_tasks_run_first(start_worker):
     assert order == [int(high.id), int(mid.id), int(low.id)]
 
 
+@pytest.mark.slow
 @with_worker
 def test_a_deferred_task_does_not_start_before_run_after(start_worker):
     run_after = timezone.now() + timedelta(seconds=2)
@@ -530,6 +532,7 @@ def test_a_task_waiting_for_its_retry_reads_ready_with_its_earlier_errors(start_
         _ = result.return_value
 
 
+@pytest.mark.slow
 @with_worker
 def test_the_timeout_from_options_ends_an_overrunning_attempt_as_a_timeout_error(start_worker):
     result = framework_tasks.async_sleep.using(backend="patient").enqueue(30)
@@ -543,6 +546,7 @@ def test_the_timeout_from_options_ends_an_overrunning_attempt_as_a_timeout_error
     assert [e.exception_class for e in result.errors] == [TimeoutError]
 
 
+@pytest.mark.slow
 @with_worker
 def test_crash_recovery_is_visible_through_refresh(start_worker):
     result = framework_tasks.crash_on_first_attempt.enqueue()

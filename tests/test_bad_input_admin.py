@@ -316,6 +316,7 @@ def _check(visitors: dict[str, Client], request, ids: list[int]) -> None:
                                                  ("_selected_action", "\x00")]))
 @example(request=("POST", f"{ADMIN}/worker/", [], [("action", "remove_stale"),
                                                    ("_selected_action", "\x00")]))
+@pytest.mark.slow
 @example(request=("POST", ("abc", "operate/cancel"), [], []))  # ValueError: not an id
 @example(request=("POST", ("\x00", "operate/cancel"), [], []))
 @example(request=("POST", (REAL[2], "signal"), [], [("name", "go"), ("payload", "[" * 2000)]))
@@ -333,6 +334,7 @@ def test_no_forged_request_is_a_server_error_nor_a_change_without_permission(
     ("missed", "once"), ("catch_up_limit", "10")]))  # RecursionError in the form field
 @example(request=("POST", f"{ADMIN}/task/enqueue/", [], [("task", f"{NOOP}@1"),
     ("args", "[" * 5000 + "]" * 5000)]))
+@pytest.mark.slow
 @example(request=("GET", f"{ADMIN}/task/", [("kwargs", '{"k":' * 5000 + "1" + "}" * 5000)], []))
 def test_no_json_typed_into_a_form_or_a_search_box_is_a_server_error(
     visitors, real_tasks, request

@@ -175,6 +175,7 @@ def test_calls_that_arrive_within_the_wait_share_a_batch(start_worker, tmp_path)
     worker.stop()
 
 
+@pytest.mark.slow
 def test_a_batch_that_overruns_its_timeout_times_out_every_call(start_worker, tmp_path):
     ids = [batch_boom.enqueue(n, sleep=2.0) for n in range(3)]
 

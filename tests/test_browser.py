@@ -162,6 +162,7 @@ def test_staff_see_the_overview_match_the_rows_retry_a_dead_task_and_others_are_
     page.screenshot(path=str(ARTIFACTS / "admin-refused.png"))
 
 
+@pytest.mark.slow
 def test_an_operator_pauses_a_queue_from_the_overview_and_its_tasks_show_as_throttled(
     live_server, browser_context, django_user_model
 ):

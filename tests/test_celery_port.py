@@ -159,6 +159,7 @@ def test_an_exception_fails_the_task_at_once_as_in_celery(project_worker):
     assert isinstance(result.get(timeout=1, propagate=False), ValueError)
 
 
+@pytest.mark.slow
 def test_autoretry_for_retries_with_celerys_backoff(project_worker, ledger_file):
     project_worker()
     result = tasks.refresh_timeline.delay("https://example.com/u1", fail=2)
@@ -187,6 +188,7 @@ def test_dont_autoretry_for_fails_at_once(project_worker):
     assert row(result).attempt == 1
 
 
+@pytest.mark.slow
 def test_ignore_result_stores_no_result(project_worker):
     project_worker()
     result = tasks.fire_and_forget.delay(5)
@@ -209,6 +211,7 @@ def test_a_running_task_reads_started_then_its_custom_state(project_worker, ledg
     assert progress.state == celery_states.SUCCESS
 
 
+@pytest.mark.slow
 def test_revoke_terminate_kills_a_running_task(project_worker):
     project_worker("--execution", "process", "--heartbeat", "0.2")
     result = tasks.long_report.delay(0, "never-released")
@@ -301,6 +304,7 @@ def test_link_error_of_a_task_that_succeeds_does_not_run(project_worker):
 
 
 # -- beat ----------------------------------------------------------------------------
+@pytest.mark.slow
 def test_beat_entries_are_fired_by_the_workers(project_worker):
     project_worker()
 

@@ -80,6 +80,7 @@ def test_a_worker_holds_four_connections_of_its_own_whatever_its_concurrency(sta
     assert held == {1: [4] * 5, 40: [4] * 5}
 
 
+@pytest.mark.slow
 def test_handlers_that_never_touch_the_database_open_no_django_connection(start_worker, pg):
     worker = drained_worker(start_worker, pg, 40)
 

@@ -17,6 +17,7 @@ pytestmark = pytest.mark.django_db(transaction=True)
 FAST_LEASE = ("--lease", "2", "--heartbeat", "0.5", "--sweep-interval", "0.25")
 
 
+@pytest.mark.slow
 def test_a_task_of_a_sigkilled_worker_runs_again_elsewhere_as_attempt_2(start_worker):
     task_id = tasks.sleep_and_record.enqueue(60)
     doomed = start_worker(*FAST_LEASE)
@@ -109,6 +110,7 @@ def test_sigterm_stops_claiming_and_lets_running_handlers_finish(start_worker):
     assert Task.objects.get(pk=late).state == "pending"
 
 
+@pytest.mark.slow
 def test_sigterm_releases_unfinished_leases_for_another_worker_at_once(start_worker):
     task_id = tasks.sleep_and_record.enqueue(30)
     worker = start_worker("--shutdown-grace", "0.5")
@@ -160,6 +162,7 @@ def test_several_workers_run_thousands_of_tasks_each_exactly_once(start_worker, 
     assert len(set(Run.objects.values_list("pid", flat=True))) == processes
 
 
+@pytest.mark.slow
 def test_process_mode_stops_gracefully_when_the_whole_group_is_signalled(start_worker):
     task_id = tasks.sleep_and_record.enqueue(1.5)
     supervisor = start_worker("--processes", "2", "--shutdown-grace", "20", new_session=True)

@@ -135,6 +135,7 @@ def test_pause_and_cancel_act_on_the_queues_database():
 
 
 # -- the worker -----------------------------------------------------------------------
+@pytest.mark.slow
 def test_one_runtaskworker_serves_the_queues_of_both_databases(start_worker, tmp_path):
     here = tasks.record.enqueue("default-side")
     there = on_q2(tasks.record).enqueue("queue2-side")

@@ -268,6 +268,7 @@ def test_the_claim_index_walked_through_dead_entries_kept_by_a_snapshot_is_repor
 # -- queues -------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 @override_settings(PGQUEUE={"QUEUE_LIMITS": {"default": {"latency_objective": 0.5}}})
 def test_waits_past_a_queues_latency_objective_are_reported(start_worker):
     """Tasks due while no worker runs wait past the objective; once a worker has run

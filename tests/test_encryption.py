@@ -126,6 +126,7 @@ def test_an_encrypted_enqueue_without_keys_raises_and_writes_nothing():
 
 
 # -- the worker -----------------------------------------------------------------------
+@pytest.mark.slow
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.parametrize("execution", ["thread", "process"])
 def test_a_worker_runs_an_encrypted_task_and_stores_its_result_checkpoint_and_progress_sealed(
@@ -253,6 +254,7 @@ def test_an_atomic_encrypted_task_commits_its_result_and_progress_sealed():
 
 
 # -- a missing key --------------------------------------------------------------------
+@pytest.mark.slow
 @pytest.mark.django_db(transaction=True)
 def test_a_worker_without_the_key_fails_the_task_clearly_and_keeps_its_ciphertext(
     start_worker,

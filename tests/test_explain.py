@@ -260,6 +260,7 @@ def fair_params(look_for_starving: bool) -> dict:
     }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("query", ["claim_fair", "claim"])
 def test_a_fair_claim_reads_as_much_with_100000_keys_as_with_one(session, query):
     # Given 100,000 due tasks of one key, then of 100,000 keys (one each)
@@ -282,6 +283,7 @@ def test_a_fair_claim_reads_as_much_with_100000_keys_as_with_one(session, query)
     assert buffers(many_keys) <= 2 * buffers(one_key), (buffers(one_key), buffers(many_keys))
 
 
+@pytest.mark.slow
 def test_a_fair_enqueue_reads_two_index_entries_whatever_the_number_of_keys(session):
     from tests.tenant_tasks import fair_job
 

@@ -189,6 +189,7 @@ def row_is_locked(pg: psycopg.Connection, task_id: int) -> bool:
     return False
 
 
+@pytest.mark.slow
 def test_outcomes_are_written_while_a_hung_handler_locks_its_own_row(
     start_worker, tmp_path, pg, monkeypatch
 ):
@@ -248,6 +249,7 @@ def test_a_worker_whose_outcomes_cannot_be_written_stops_claiming(start_worker, 
 
 
 # -- issue 8.4: a statement whose reply is lost after it committed -------------------
+@pytest.mark.slow
 def test_a_task_whose_claim_reply_was_lost_still_runs(lossy, start_worker, tmp_path):
     # Given a task with one attempt, and a network that will lose the claim's reply
     # after the server committed it
@@ -288,6 +290,7 @@ def test_the_rows_of_a_claim_whose_reply_was_lost_are_found_by_its_tokens(pg):
     assert {str(row[11]) for row in found} == {lost.lease_token, other.lease_token}
 
 
+@pytest.mark.slow
 def test_a_settle_whose_reply_was_lost_is_counted_as_written(lossy, start_worker, tmp_path):
     # Given a worker whose first settle's reply will be lost after the server committed it
     ledger = tmp_path / "runs"
@@ -309,6 +312,7 @@ def test_a_settle_whose_reply_was_lost_is_counted_as_written(lossy, start_worker
     assert not re.search(r"\blost=|lease lost", log), after_start
 
 
+@pytest.mark.slow
 def test_task_finished_is_sent_when_the_settles_reply_was_lost(lossy, start_worker):
     # Given a worker whose first settle's reply will be lost after the server committed it
     lossy.lose_reply_to(statement_marker("settle"))

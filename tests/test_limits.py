@@ -76,6 +76,7 @@ def test_a_queue_concurrency_limit_holds_across_four_workers_of_eight_slots(
     assert len({run.pid for run in runs}) >= 2, [w.pid for w in workers]
 
 
+@pytest.mark.slow
 def test_a_per_key_limit_never_overlaps_two_runs_of_one_key(start_worker, ledger_file):
     # Given 3 workers x 4 slots and tasks limited to one running per key
     for _ in range(3):
@@ -95,6 +96,7 @@ def test_a_per_key_limit_never_overlaps_two_runs_of_one_key(start_worker, ledger
     assert ledger.most_at_once(runs) >= 2
 
 
+@pytest.mark.slow
 def test_a_saturated_key_does_not_block_the_keys_behind_it(start_worker, ledger_file):
     # Given one worker x 4 slots, and a key whose 20 tasks are ahead in the queue
     ids = ledger_keyed.enqueue_many([(n, "busy", 0.1) for n in range(20)])
@@ -107,6 +109,7 @@ def test_a_saturated_key_does_not_block_the_keys_behind_it(start_worker, ledger_
 
 
 # -- rate ------------------------------------------------------------------------------
+@pytest.mark.slow
 def test_a_rate_limit_spreads_starts_over_the_period_across_workers(start_worker, ledger_file):
     # Given two workers serving "rated" (10 starts per second, fleet-wide) that poll
     # only every 10 minutes
@@ -124,6 +127,7 @@ def test_a_rate_limit_spreads_starts_over_the_period_across_workers(start_worker
     assert ledger.most_starts_within(runs, 0.98) <= 10
 
 
+@pytest.mark.slow
 def test_a_queue_with_both_limits_obeys_both(start_worker, ledger_file):
     start_worker("--queues", "limited_rated", "--concurrency", "8")
     start_worker("--queues", "limited_rated", "--concurrency", "8")
@@ -210,6 +214,7 @@ def test_pausing_a_task_name_leaves_the_rest_of_the_queue_running(start_worker):
     assert queue_row("default")["paused_tasks"] == []
 
 
+@pytest.mark.slow
 def test_a_task_running_when_its_queue_is_paused_finishes(start_worker, ledger_file):
     start_worker("--queues", "default,other")
     (running,) = ledger_run.enqueue_many([(1, 1.0)])

@@ -191,6 +191,7 @@ def test_a_log_level_given_on_the_command_line_wins_over_logging(start_worker):
     assert " started: " in worker.log()  # wait_started saw the INFO line
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("execution", ["thread", "process"])
 def test_log_format_json_writes_one_json_object_per_line_with_the_tasks_fields(
     start_worker, execution: str
@@ -232,6 +233,7 @@ def test_log_format_json_writes_one_json_object_per_line_with_the_tasks_fields(
 # -- Sentry, in the worker's process ---------------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("execution", ["thread", "process"])
 def test_a_dead_letter_reaches_sentry_as_one_error_event_with_the_handlers_traceback(
     start_worker, tmp_path: Path, execution: str
@@ -290,6 +292,7 @@ NORMAL_LIFE = [
 ]
 
 
+@pytest.mark.slow
 def test_a_normal_start_idle_and_stop_log_only_plain_lines_at_info(start_worker):
     # given: a worker that runs one task, then idles while a long one runs
     worker = start_worker("--concurrency", "2", "--shutdown-grace", "1")

@@ -114,6 +114,7 @@ def test_the_queue_collector_exposes_the_age_of_the_oldest_running_attempt_by_qu
     assert values[("pgqueue_queue_oldest_running_seconds", ("queue", "emails"))] == 0
 
 
+@pytest.mark.slow
 @pytest.mark.django_db(transaction=True)
 def test_a_task_running_for_seconds_shows_that_age_since_its_claim(start_worker):
     # Given a task that was due an hour ago, claimed by a worker and running for 2 s
@@ -259,6 +260,7 @@ def test_a_worker_serves_outcomes_histograms_slots_and_lease_renewals(start_work
     assert not any(key[0].startswith("pgqueue_tasks_pending") for key in values)
 
 
+@pytest.mark.slow
 @pytest.mark.django_db(transaction=True)
 def test_a_worker_counts_a_lease_it_lost(start_worker, pg):
     port = free_port()
@@ -278,6 +280,7 @@ def test_a_worker_counts_a_lease_it_lost(start_worker, pg):
     assert values[("pgqueue_leases_lost_total",)] >= 1
 
 
+@pytest.mark.slow
 @pytest.mark.django_db(transaction=True)
 def test_a_process_mode_worker_counts_the_handler_processes_it_killed_and_those_that_died(
     start_worker,

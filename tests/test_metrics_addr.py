@@ -77,6 +77,7 @@ def test_a_worker_bound_to_localhost_is_scraped_there(start_worker):
     assert {"pgqueue_task_outcomes", "pgqueue_worker_slots"} <= names
 
 
+@pytest.mark.slow
 def test_each_supervised_worker_binds_the_given_address(start_worker):
     # given: two worker processes under the supervisor, bound to 127.0.0.2
     port = free_port("127.0.0.2", count=2)

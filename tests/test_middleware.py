@@ -101,6 +101,7 @@ def test_without_middleware_the_enqueue_is_untouched():
 # -- execution hooks -------------------------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("execution", ["thread", "process"])
 def test_an_execution_hook_wraps_sync_and_async_handlers_with_their_context(
     start_worker, execution

@@ -36,6 +36,7 @@ def proxy(db_url):
     proxy.close()
 
 
+@pytest.mark.slow
 def test_worker_survives_a_database_restart_and_loses_no_task(start_worker, proxy):
     before = tasks.noop.enqueue_many(range(20))
     worker = start_worker("--poll-interval", "0.5", database_url=proxy.url)
@@ -63,6 +64,7 @@ def test_worker_survives_a_database_restart_and_loses_no_task(start_worker, prox
     assert worker.proc.poll() is None
 
 
+@pytest.mark.slow
 def test_a_task_running_through_an_outage_is_settled_afterwards(start_worker, proxy):
     task_id = tasks.just_sleep.enqueue(2)
     start_worker(database_url=proxy.url)
@@ -92,6 +94,7 @@ def test_worker_survives_its_connections_being_terminated(start_worker, pg):
     assert worker.proc.poll() is None
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("outage", ["cut", "stall"])
 def test_sigterm_stops_a_worker_still_waiting_to_register(
     start_worker, proxy, quick_to_give_up, outage
@@ -154,6 +157,7 @@ def test_sigterm_stops_a_worker_whose_database_stopped_answering(
     assert " stopped: " in worker.log()
 
 
+@pytest.mark.slow
 def test_a_slow_statement_the_server_is_running_is_not_dropped(db_url, settings):
     # Given a session that takes a connection for dead after 1 s without an answer
     settings.PGQUEUE = {**settings.PGQUEUE, "DEAD_CONNECTION_TIMEOUT": 1.0}

@@ -211,6 +211,7 @@ def plan(connection, name: str, params: dict) -> str:
         return "\n".join(row[0] for row in cursor.fetchall())
 
 
+@pytest.mark.slow
 def test_the_overview_reads_each_state_through_an_index_not_the_whole_table(big_history):
     text = plan(big_history, "queue_overview", {"stale_seconds": 60})
 
@@ -221,6 +222,7 @@ def test_the_overview_reads_each_state_through_an_index_not_the_whole_table(big_
     assert "pgqueue_task_lease" in text or "pgqueue_task_running" in text, text
 
 
+@pytest.mark.slow
 def test_the_history_reads_only_the_backlog_and_the_last_hour(big_history):
     text = plan(big_history, "queue_history", {"minutes": 60})
 

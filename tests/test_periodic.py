@@ -446,6 +446,7 @@ def test_three_workers_enqueue_each_tick_of_a_one_second_schedule_once(pg, start
         assert task.enqueued_at - tick < timedelta(seconds=1), "a tick was enqueued late"
 
 
+@pytest.mark.slow
 def test_the_next_tick_comes_when_the_worker_that_enqueued_the_last_one_is_killed(pg, start_worker):
     workers = start_fleet(start_worker, 3, "every_second")
     wait_until(lambda: Schedule.objects.filter(last_tick__isnull=False).exists(), timeout=10)
@@ -466,6 +467,7 @@ def test_the_next_tick_comes_when_the_worker_that_enqueued_the_last_one_is_kille
     assert datetime.fromisoformat(after[0].metadata["tick"]) - killed_at < timedelta(seconds=1)
 
 
+@pytest.mark.slow
 def test_a_schedule_removed_from_the_code_stops_firing(pg, start_worker):
     worker = start_worker(env=schedules_env("every_second", "to_remove"))
     wait_until(lambda: tick_tasks("to_remove"), timeout=10, message="a tick of to_remove")
@@ -492,6 +494,7 @@ def lossy(db_url: str):
     proxy.close()
 
 
+@pytest.mark.slow
 def test_a_tick_whose_reply_was_lost_after_it_committed_is_not_enqueued_again(lossy, start_worker):
     # The worker's connection drops after the server committed a tick: it reconnects
     # and sends the same statement again, which finds its tick taken.
@@ -509,6 +512,7 @@ def test_a_tick_whose_reply_was_lost_after_it_committed_is_not_enqueued_again(lo
     assert all(later - earlier == timedelta(seconds=1) for earlier, later in pairwise(ticks))
 
 
+@pytest.mark.slow
 def test_a_worker_fires_only_the_schedules_of_its_queues(pg, start_worker):
     start_worker(env=schedules_env("every_second", "other_queue"))  # serves "default"
 
@@ -526,6 +530,7 @@ def test_a_worker_serving_the_queue_fires_its_schedule(pg, start_worker):
     assert tick_tasks("other_queue")[0].queue == "other"
 
 
+@pytest.mark.slow
 def test_a_new_schedule_does_not_run_for_the_ticks_before_a_worker_saw_it(pg, start_worker):
     start_worker(env=schedules_env("minutely"))
 
@@ -535,6 +540,7 @@ def test_a_new_schedule_does_not_run_for_the_ticks_before_a_worker_saw_it(pg, st
     assert all(tick >= row.created_at for tick in ticks_of("minutely"))
 
 
+@pytest.mark.slow
 def test_a_schedule_missed_while_no_worker_ran_runs_once_for_the_latest_tick(pg, start_worker):
     now = db_now(pg)
     Schedule.objects.create(

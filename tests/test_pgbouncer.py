@@ -74,6 +74,7 @@ def states(ids: list[int]) -> dict[str, int]:
     return found
 
 
+@pytest.mark.slow
 def test_the_whole_round_trip_works_through_pgbouncer_in_transaction_mode(
     bouncer, start_worker, client, tmp_path, monkeypatch, pg
 ):

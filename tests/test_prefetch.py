@@ -38,6 +38,7 @@ def stats(worker) -> dict[str, int]:
     return {"claimed": int(claimed.group(1)) if claimed else 0}
 
 
+@pytest.mark.slow
 def test_a_worker_holds_its_prefetch_claimed_beyond_its_busy_slots(start_worker):
     ids = tasks.sleep_and_record.enqueue_many([(2.0,)] * 10)
 
@@ -49,6 +50,7 @@ def test_a_worker_holds_its_prefetch_claimed_beyond_its_busy_slots(start_worker)
     assert stats(stopped(worker))["claimed"] == 5
 
 
+@pytest.mark.slow
 def test_without_prefetch_a_worker_claims_only_what_its_slots_can_run(start_worker):
     ids = tasks.sleep_and_record.enqueue_many([(2.0,)] * 10)
 
@@ -58,6 +60,7 @@ def test_without_prefetch_a_worker_claims_only_what_its_slots_can_run(start_work
     assert stats(stopped(worker))["claimed"] == 2
 
 
+@pytest.mark.slow
 def test_a_prefetched_task_timeout_counts_from_its_start_not_its_claim(start_worker):
     # One slot: the second task is claimed with the first and waits 1.5 s for the slot;
     # its 1 s timeout starts with the handler, so it still has about 1 s left there.
@@ -73,6 +76,7 @@ def test_a_prefetched_task_timeout_counts_from_its_start_not_its_claim(start_wor
     assert Task.objects.get(pk=second).result > 0.8  # about -0.5 if counted from the claim
 
 
+@pytest.mark.slow
 def test_by_default_a_worker_stops_prefetching_once_its_tasks_prove_long(start_worker):
     # Tasks of 1 s on 2 slots: once one has run, holding more would make them wait for
     # this worker's slots while another worker might be idle (the adaptive default).

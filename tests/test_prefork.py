@@ -64,6 +64,7 @@ def process_worker(start_worker, *args: str):
 # -- running tasks ----------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_sync_and_async_handlers_run_in_child_processes_and_their_outcomes_are_recorded(
     start_worker,
 ):
@@ -146,6 +147,7 @@ def test_a_killed_handlers_slot_gets_a_new_process_and_full_concurrency_remains(
 # -- cancel -------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_a_hard_cancel_kills_the_running_handler_within_about_a_heartbeat(
     start_worker, ledger_file
 ):
@@ -166,6 +168,7 @@ def test_a_hard_cancel_kills_the_running_handler_within_about_a_heartbeat(
     assert not [e for e in ledger.read(ledger_file) if e["event"] == "end"]
 
 
+@pytest.mark.slow
 def test_a_soft_cancel_reaches_the_handlers_context_in_its_process(start_worker, ledger_file):
     # Given a handler that only watches context.cancel_requested (no database read)
     task_id = prefork_tasks.wait_for_cancel_flag.enqueue()
@@ -195,6 +198,7 @@ def test_a_hard_cancel_in_thread_mode_acts_as_a_soft_one_and_says_so(start_worke
     assert "--execution process for hard cancels" in worker.log()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("revive", [operations.retry_now, operations.requeue_dead])
 def test_a_dead_letter_revived_after_a_hard_cancel_runs_its_handler(pg, start_worker, revive):
     # Given a dead letter whose last attempt was hard-cancelled, then failed
@@ -209,6 +213,7 @@ def test_a_dead_letter_revived_after_a_hard_cancel_runs_its_handler(pg, start_wo
     assert (row.state, row.result["n"]) == ("succeeded", 42), row.errors
 
 
+@pytest.mark.slow
 def test_a_task_flagged_hard_without_a_cancel_request_runs_and_a_soft_cancel_stays_soft(
     start_worker, ledger_file
 ):
@@ -243,6 +248,7 @@ def test_the_cancel_command_cancels_by_id_and_names_the_ids_it_could_not(capsys)
     assert f"task {task_id}: cancelled" in capsys.readouterr().out
 
 
+@pytest.mark.slow
 def test_the_admins_kill_action_sets_the_hard_cancel_flag_of_running_tasks(
     admin_client, start_worker, ledger_file
 ):
@@ -271,6 +277,7 @@ def test_the_admins_kill_action_sets_the_hard_cancel_flag_of_running_tasks(
     ],
     ids=["os._exit", "SIGKILL"],
 )
+@pytest.mark.slow
 def test_a_handler_whose_process_dies_fails_its_attempt_and_the_pool_recovers(
     start_worker, enqueue, message
 ):
@@ -318,6 +325,7 @@ def test_shutdown_kills_an_unfinished_handler_before_releasing_it_to_another_wor
     assert runs[1]["alive"] == []
 
 
+@pytest.mark.slow
 def test_a_handlers_process_exits_when_its_worker_dies(start_worker, ledger_file):
     # Given a long handler in a process-mode worker
     task_id = prefork_tasks.sleep.enqueue(30)

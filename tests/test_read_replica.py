@@ -187,6 +187,7 @@ def status_json() -> dict:
 # -- the reads ------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_the_replica_is_a_hot_standby_that_refuses_writes(replica):
     with replica.standby.connect("pgqueue") as conn:
         assert conn.execute("SELECT pg_is_in_recovery()").fetchone()[0] is True
@@ -194,6 +195,7 @@ def test_the_replica_is_a_hot_standby_that_refuses_writes(replica):
             conn.execute("DELETE FROM pgqueue_task")
 
 
+@pytest.mark.slow
 def test_the_overview_shows_tasks_enqueued_on_the_primary_once_the_replica_replays_them(
     replica,
 ):
@@ -209,6 +211,7 @@ def test_the_overview_shows_tasks_enqueued_on_the_primary_once_the_replica_repla
     wait_until(lambda: due_on_overview() == 3, timeout=10, message="three due tasks")
 
 
+@pytest.mark.slow
 def test_the_overview_reads_nothing_from_the_primary(replica):
     tasks.noop.enqueue()
     replica.replayed()

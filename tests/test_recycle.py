@@ -53,6 +53,7 @@ def claimed_rows_all_succeeded() -> bool:
 # -- process execution: the handler processes ------------------------------------------
 
 
+@pytest.mark.slow
 def test_a_handler_process_makes_way_for_a_new_one_after_max_tasks_per_child(start_worker):
     """--max-tasks-per-child 2: every handler process runs two tasks, then the slot's
     new process runs the next two; no task fails or runs twice for it."""
@@ -69,6 +70,7 @@ def test_a_handler_process_makes_way_for_a_new_one_after_max_tasks_per_child(sta
     assert worker.log().count("is recycled: it has run 2 tasks") == 2
 
 
+@pytest.mark.slow
 def test_a_handler_process_above_max_memory_per_child_makes_way_after_its_task(
     start_worker,
 ):
@@ -108,6 +110,7 @@ def test_a_task_does_not_pay_for_its_new_handler_process_setting_django_up(start
 # -- thread execution: the worker process ------------------------------------------------
 
 
+@pytest.mark.slow
 def test_a_worker_past_max_tasks_runs_what_it_claimed_and_exits_0(start_worker):
     """--max-tasks 3: the worker stops claiming, finishes every task it claimed (none is
     released) and exits with status 0; the rest wait, unclaimed, for another worker."""
@@ -126,6 +129,7 @@ def test_a_worker_past_max_tasks_runs_what_it_claimed_and_exits_0(start_worker):
     assert "releasing its lease" not in worker.log()
 
 
+@pytest.mark.slow
 def test_a_worker_above_max_memory_exits_0_after_its_running_tasks(start_worker):
     """--max-memory: a thread worker whose handlers leaked past the limit finishes what
     it holds and exits with status 0."""

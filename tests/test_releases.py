@@ -80,6 +80,7 @@ def test_a_releases_commit_declares_its_version_and_its_tag_points_at_it(version
         assert tag.stdout.strip() == commit
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("version", sorted(RELEASES))
 def test_a_releases_migrations_are_todays_first_ones_forward_unchanged(version, db_url, tmp_path):
     """A released migration is never changed forward: a database that applied it must

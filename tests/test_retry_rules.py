@@ -70,6 +70,7 @@ def test_an_exception_of_a_discard_on_type_fails_the_task_at_once_with_attempts_
     assert "Traceback" in error["traceback"]
 
 
+@pytest.mark.slow
 def test_a_subclass_of_a_discard_on_type_is_discarded_through_its_mro(run_burst):
     task_id = rule_tasks.discard_fatal.enqueue("subfatal")
 
@@ -92,6 +93,7 @@ def test_an_exception_not_in_discard_on_retries_as_usual(run_burst_in_threads):
     assert all("rule" not in e for e in row.errors)
 
 
+@pytest.mark.slow
 def test_retry_on_retries_the_listed_types_and_their_subclasses(run_burst):
     # Transient subclasses ConnectionError, which retry_on lists
     task_id = rule_tasks.retry_transient.enqueue("transient")
@@ -128,6 +130,7 @@ def test_discard_on_wins_over_retry_on(run_burst_in_threads):
     assert Task.objects.get(pk=retried).attempt == 3
 
 
+@pytest.mark.slow
 def test_the_rule_is_frozen_on_the_row_at_enqueue_not_read_from_the_workers_definition(
     run_burst,
 ):
@@ -154,6 +157,7 @@ def run_burst_killing(start_worker) -> None:
     assert worker.wait(60) == 0, worker.log()
 
 
+@pytest.mark.slow
 def test_a_timeout_is_discarded_when_discard_on_names_timeout_error(start_worker):
     task_id = rule_tasks.too_slow_discarded.enqueue()
 
@@ -165,6 +169,7 @@ def test_a_timeout_is_discarded_when_discard_on_names_timeout_error(start_worker
     assert row.errors[-1]["rule"] == "discard_on"
 
 
+@pytest.mark.slow
 def test_a_timeout_retries_whatever_retry_on_lists(start_worker):
     # retry_on lists KeyError only: a timeout is not the handler's exception
     task_id = rule_tasks.too_slow_retry_on.enqueue()

@@ -347,6 +347,7 @@ def sequence_violations(path, by_key: dict[str, list[int]]) -> list[str]:
     return found
 
 
+@pytest.mark.slow
 def test_workers_run_interleaved_sequences_one_task_at_a_time_in_order(start_worker, tmp_path):
     # Given three accounts' tasks enqueued interleaved, some of which fail and retry
     path = tmp_path / "ledger.jsonl"

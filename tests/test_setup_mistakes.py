@@ -53,6 +53,7 @@ def empty_database(django_db_modify_db_settings: None) -> Iterator[str]:
 # -- a database without the migrations ------------------------------------------------
 
 
+@pytest.mark.slow
 def test_runtaskworker_on_an_unmigrated_database_refuses_in_one_line_naming_the_migrations(
     empty_database: str,
 ):
@@ -96,6 +97,7 @@ def test_check_with_the_database_tag_reports_unapplied_migrations(empty_database
     assert "HINT: Run python manage.py migrate" in checked.stderr
 
 
+@pytest.mark.slow
 def test_the_first_migrate_of_a_new_database_does_not_warn_about_what_it_does(
     empty_database: str,
 ):
@@ -146,6 +148,7 @@ def test_enqueue_without_the_task_table_says_to_run_migrate(how, missing):
 # -- a misspelt module in TASK_MODULES ------------------------------------------------
 
 
+@pytest.mark.slow
 def test_a_misspelt_task_module_stops_the_worker_but_no_other_command(db_url: str):
     typo = {"PGQUEUE_TEST_MISSING_TASK_MODULE": "tests.taks"}
 

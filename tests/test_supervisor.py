@@ -26,6 +26,7 @@ def _children_started(supervisor: WorkerProcess) -> int:
     return supervisor.log().count(" started: ")
 
 
+@pytest.mark.slow
 @pytest.mark.django_db(transaction=True)
 def test_a_supervisor_run_by_a_manage_py_without_main_guard_starts_only_the_children_asked_for(
     start_worker,
@@ -58,6 +59,7 @@ def test_a_supervisor_run_by_a_manage_py_without_main_guard_starts_only_the_chil
     assert len(set(Run.objects.values_list("pid", flat=True))) <= 2
 
 
+@pytest.mark.slow
 @pytest.mark.django_db(transaction=True)
 def test_a_child_that_dies_after_it_started_is_replaced(start_worker):
     # given: a supervisor whose child is running a long task

@@ -422,6 +422,7 @@ def test_a_worker_keeps_a_retried_tasks_attempts_apart(start_worker):
     assert messages(two) == ["attempt 2 begins", "attempt 2 succeeds"]
 
 
+@pytest.mark.slow
 def test_a_task_released_at_shutdown_keeps_what_its_handler_logged_until_then(start_worker):
     # given: a handler that logged, then runs past the shutdown grace
     worker = start_logging_worker(start_worker, "--shutdown-grace", "2")
@@ -439,6 +440,7 @@ def test_a_task_released_at_shutdown_keeps_what_its_handler_logged_until_then(st
     assert Task.objects.get(pk=task_id).executions[-1]["outcome"] == "released"
 
 
+@pytest.mark.slow
 def test_a_paused_workers_late_records_are_not_stored_over_the_next_attempts(start_worker):
     # given: worker A runs attempt 1, logs, and is stopped (SIGSTOP) in its handler
     stale = start_logging_worker(start_worker, "--lease", "2", "--heartbeat", "0.5")

@@ -533,6 +533,7 @@ class HelpersInATransactionTestCase(TransactionTestCase):
         self.assertEqual(Task.objects.get(pk=task_id).state, "failed")
 
 
+@pytest.mark.slow
 def test_the_plugin_does_not_disturb_a_pytest_run_without_django(tmp_path) -> None:
     # Given a project without Django settings, in an environment where the plugin loads
     (tmp_path / "test_plain.py").write_text("def test_plain():\n    assert True\n")

@@ -96,6 +96,7 @@ def test_an_idle_worker_starts_a_new_task_without_waiting_for_the_poll(start_wor
     assert wait_until(lambda: Run.objects.filter(task_id=task_id).first(), timeout=30)
 
 
+@pytest.mark.slow
 def test_a_scheduled_task_starts_at_its_run_at_not_at_the_next_poll(start_worker):
     start_worker(*SLOW_POLL)
     run_at = timezone.now() + timedelta(seconds=1.5)
@@ -231,6 +232,7 @@ def listen_only(conn, queues: list[str]) -> None:
         conn.execute(f'LISTEN "{channel}"')
 
 
+@pytest.mark.slow
 def test_a_woken_worker_with_nothing_scheduled_claims_without_staging_first(start_worker, pg):
     # Each wake-up comes more than the stager's interval after the last one: a worker
     # that knows nothing is scheduled claims at once, without a stage statement.

@@ -118,6 +118,7 @@ def exits(ledger_file: Path) -> Iterator[Callable[[int], None]]:
         watcher.join(1)
 
 
+@pytest.mark.slow
 def test_a_written_off_handler_keeps_its_lease_until_it_returns_then_times_out(
     start_worker, watchdog
 ):
@@ -155,6 +156,7 @@ def test_a_written_off_handler_keeps_its_lease_until_it_returns_then_times_out(
     assert worker.proc.poll() is None
 
 
+@pytest.mark.slow
 def test_a_written_off_slot_is_replaced_so_the_worker_keeps_its_full_concurrency(
     start_worker, watchdog
 ):
@@ -179,6 +181,7 @@ def test_a_written_off_slot_is_replaced_so_the_worker_keeps_its_full_concurrency
     assert Task.objects.get(pk=hung).state == "running"
 
 
+@pytest.mark.slow
 def test_a_worker_recycles_itself_in_place_after_write_off_limit_write_offs(start_worker, watchdog):
     # Given a worker that may write off two slots
     watchdog(write_off_limit=2)
@@ -212,6 +215,7 @@ def test_a_worker_recycles_itself_in_place_after_write_off_limit_write_offs(star
     assert Worker.objects.filter(pid=worker.pid).get().id == fresh.id
 
 
+@pytest.mark.slow
 def test_a_hard_cancel_of_a_written_off_handler_ends_the_task_cancelled_when_it_returns(
     start_worker, watchdog
 ):

@@ -284,6 +284,7 @@ def test_a_signal_before_the_worker_started_says_it_stops_before_starting(start_
     assert "to finish" not in log
 
 
+@pytest.mark.slow
 def test_async_handlers_wait_together_in_async_slots_not_threads(start_worker):
     """200 handlers that each await 1 s, on a worker with 2 thread slots: they hold no
     thread, so they run side by side (in thread slots they would take 100 s)."""
@@ -299,6 +300,7 @@ def test_async_handlers_wait_together_in_async_slots_not_threads(start_worker):
     assert spans["last"] - spans["first"] < timedelta(seconds=5)
 
 
+@pytest.mark.slow
 def test_sync_tasks_run_while_the_async_slots_are_full(start_worker):
     naps = tasks.async_nap.enqueue_many([3.0] * 4)
     start_worker("--concurrency", "2", "--async-concurrency", "4")
@@ -310,6 +312,7 @@ def test_sync_tasks_run_while_the_async_slots_are_full(start_worker):
     assert Task.objects.filter(pk__in=naps, state="running").count() == 4
 
 
+@pytest.mark.slow
 def test_async_tasks_beyond_the_async_slots_wait_for_one(start_worker):
     ids = tasks.async_nap.enqueue_many([1.0] * 6)
     start_worker("--concurrency", "4", "--async-concurrency", "2")

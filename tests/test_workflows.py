@@ -78,6 +78,7 @@ def test_a_chain_runs_its_steps_one_after_the_other(start_worker, ledger_file):
     assert started[ids[1]] >= finished[ids[0]] and started[ids[2]] >= finished[ids[1]]
 
 
+@pytest.mark.slow
 def test_a_chord_runs_its_callback_once_after_every_member_with_their_results(
     start_worker, ledger_file
 ):
@@ -114,6 +115,7 @@ def test_a_dependent_enqueued_to_run_anyway_runs_after_a_failed_parent(start_wor
     assert row(child).result == {str(parent): ["failed", None]}
 
 
+@pytest.mark.slow
 def test_a_chain_of_a_thousand_steps_cancelled_at_its_head_is_cancelled_in_one_go(pg):
     ids = chain(*[step.step(str(n)) for n in range(1000)])
     assert Task.objects.filter(pk__in=ids, state="waiting").count() == 999
@@ -325,6 +327,7 @@ def test_suspend_refuses_a_bad_signal_name():
         Suspend("")
 
 
+@pytest.mark.slow
 def test_a_worker_killed_while_a_chords_members_run_still_runs_the_callback_once(
     start_worker, ledger_file
 ):
