@@ -158,11 +158,9 @@ def _serves_the_benchmark(pid: int) -> bool:
     return True
 
 
-def cpu_seconds(worker_pids: list[int]) -> tuple[float, ServerCpu]:
-    """CPU used so far by the worker processes (with their children: prefork) and by
-    the PostgreSQL processes that serve the benchmark's database (ServerCpu)."""
-    table = process_table()
-    ours = set(worker_pids)
+def descendants(table: dict[int, tuple[int, str, float]], pids: list[int]) -> set[int]:
+    """``pids`` and every process below them in ``table`` (process_table())."""
+    ours = set(pids)
     grew = True
     while grew:
         grew = False
@@ -170,6 +168,14 @@ def cpu_seconds(worker_pids: list[int]) -> tuple[float, ServerCpu]:
             if ppid in ours and pid not in ours:
                 ours.add(pid)
                 grew = True
+    return ours
+
+
+def cpu_seconds(worker_pids: list[int]) -> tuple[float, ServerCpu]:
+    """CPU used so far by the worker processes (with their children: prefork) and by
+    the PostgreSQL processes that serve the benchmark's database (ServerCpu)."""
+    table = process_table()
+    ours = descendants(table, worker_pids)
     worker = sum(table[pid][2] for pid in ours if pid in table)
     postgres = ServerCpu({
         pid: cpu for pid, (_ppid, name, cpu) in table.items()

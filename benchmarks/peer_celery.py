@@ -39,6 +39,7 @@ from benchmarks.harness import (
     REPO,
     RESULTS,
     Row,
+    descendants,
     percentile,
     process_table,
     raw_connection,
@@ -173,13 +174,7 @@ class Worker:
 def _cpu(worker_pid: int, broker: str) -> tuple[float, float]:
     """CPU seconds used so far by the worker (with its pool's children) and the broker."""
     table = process_table()
-    ours, grew = {worker_pid}, True
-    while grew:
-        grew = False
-        for pid, (ppid, _name, _cpu) in table.items():
-            if ppid in ours and pid not in ours:
-                ours.add(pid)
-                grew = True
+    ours = descendants(table, [worker_pid])
     names = BROKER_PROCESSES[broker]
     worker = sum(table[pid][2] for pid in ours if pid in table)
     server = sum(cpu for _ppid, name, cpu in table.values() if name in names)
