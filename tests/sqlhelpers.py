@@ -29,21 +29,31 @@ def claim(
     starvation: float = 3600,
     batch_bytes: int | None = None,
     fair: bool = False,
+    look_for_starving: bool = True,
+    statement: str | None = None,
 ) -> list[ClaimedTask]:
     """One claim statement, as the worker's claimer runs it (after staging due rows).
-    ``fair``: the routes of fair tasks are claimed as fair (as a worker does)."""
+    ``fair``: the routes of fair tasks are claimed as fair (as a worker does).
+    ``look_for_starving``: as a claim in the starvation escape's window (the full
+    ``claim``); False, as the worker's other claims (``claim_plain`` or ``claim_fair``
+    where the routes have no limits: worker/claimer.py, claim_statement). ``statement``:
+    the statement these parameters must choose (a test of one statement fails, rather
+    than testing another, when they do not)."""
     queues = [queue] if isinstance(queue, str) else queue
     conn.execute(QUERIES["stage"], stage_params(queues, 1000))
     fair_routes = {(d.name, d.version) for d in registry.all() if d.fair_key} if fair else None
     params = {
         **route_params(queues, all_routes() if routes is None else routes, starvation,
                        claim_batch_bytes=batch_bytes, fair_routes=fair_routes),
+        "look_for_starving": look_for_starving,
         "limit": limit,
         "token": str(uuid.uuid4()),
         "lease_seconds": lease,
         "worker_id": worker_id,
     }
-    return _fetch(conn, claim_statement(params), params)
+    chosen = claim_statement(params)
+    assert statement is None or chosen == statement, (chosen, statement)
+    return _fetch(conn, chosen, params)
 
 
 def settle(conn: psycopg.Connection, outcomes: list[dict[str, Any]]) -> dict[int, str]:

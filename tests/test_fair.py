@@ -43,8 +43,23 @@ def keys_of(claimed) -> Counter:
     return Counter(keys[t.id] for t in claimed)
 
 
+# The statement the fair claims of a test run: a worker claims with the full claim while
+# it looks for starving tasks, and with claim_fair otherwise (its routes have no limits).
+# The fair-share tests run with both (the fixture below); the others with the full one.
+STATEMENT = {"name": "claim"}
+
+
+@pytest.fixture(params=["claim", "claim_fair"])
+def fair_statement(request):
+    STATEMENT["name"] = request.param
+    yield request.param
+    STATEMENT["name"] = "claim"
+
+
 def fair_claim(pg, limit: int, routes=None):
-    return claim(pg, limit, routes=[FAIR_JOB] if routes is None else routes, fair=True)
+    statement = STATEMENT["name"]
+    return claim(pg, limit, routes=[FAIR_JOB] if routes is None else routes, fair=True,
+                 look_for_starving=statement == "claim", statement=statement)
 
 
 def drain(pg, limit: int, rounds: int, routes=None) -> list[Counter]:
@@ -127,6 +142,7 @@ def test_fair_weights_are_checked_and_a_key_takes_its_most_specific_weight():
 
 
 # -- the claim -------------------------------------------------------------------------
+@pytest.mark.usefixtures("fair_statement")
 def test_one_key_with_due_work_gets_every_slot(pg):
     fair_job.enqueue_many([("acme", n) for n in range(50)])
 
@@ -135,6 +151,7 @@ def test_one_key_with_due_work_gets_every_slot(pg):
     assert keys_of(claimed) == {"customer:acme": 20}
 
 
+@pytest.mark.usefixtures("fair_statement")
 def test_keys_take_turns_whatever_their_backlogs(pg):
     # Given a customer with 1,000 tasks enqueued first, then two with 10 each
     fair_job.enqueue_many([("big", n) for n in range(1000)])
@@ -152,6 +169,7 @@ def test_keys_take_turns_whatever_their_backlogs(pg):
     assert taken[-1] == {"customer:big": 6}
 
 
+@pytest.mark.usefixtures("fair_statement")
 def test_weights_share_the_slots_in_proportion(pg):
     with override_settings(PGQUEUE={"FAIR_WEIGHTS": {"customer:gold-*": 3}}):
         fair_job.enqueue_many([("basic", n) for n in range(200)])
@@ -162,6 +180,7 @@ def test_weights_share_the_slots_in_proportion(pg):
     assert taken == {"customer:gold-1": 60, "customer:basic": 20}
 
 
+@pytest.mark.usefixtures("fair_statement")
 def test_a_weight_set_at_runtime_wins_over_the_settings_for_tasks_due_after_it(pg):
     with override_settings(PGQUEUE={"FAIR_WEIGHTS": {"customer:a": 4}}):
         operations.set_fair_weight("customer:*", 2)
@@ -181,6 +200,7 @@ def test_a_weight_set_at_runtime_wins_over_the_settings_for_tasks_due_after_it(p
         operations.set_fair_weight("customer:a", -1)
 
 
+@pytest.mark.usefixtures("fair_statement")
 def test_priorities_order_the_work_of_a_key_and_keys_share_within_a_priority(pg):
     first = fair_job.enqueue_many([("a", n) for n in range(5)])
     urgent = fair_job.using(priority=5).enqueue("a", 99)
@@ -194,6 +214,7 @@ def test_priorities_order_the_work_of_a_key_and_keys_share_within_a_priority(pg)
     assert ids & set(first) == set(first[:2])  # then the key's tasks in order
 
 
+@pytest.mark.usefixtures("fair_statement")
 def test_a_key_back_from_an_idle_spell_gets_its_turns_not_a_burst(pg):
     # Given a customer served long ago, and two busy ones served for a while since
     fair_job.enqueue("back", 0)
@@ -210,6 +231,7 @@ def test_a_key_back_from_an_idle_spell_gets_its_turns_not_a_burst(pg):
     assert taken == [{"customer:a": 3, "customer:b": 3, "customer:back": 3}] * 2
 
 
+@pytest.mark.usefixtures("fair_statement")
 def test_scheduled_tasks_of_a_key_take_turns_when_they_become_due(pg):
     # Given 50 tasks of a customer scheduled for one moment, and another's backlog
     fair_job.using(delay=3600).enqueue_many([("later", n) for n in range(50)])
@@ -224,6 +246,7 @@ def test_scheduled_tasks_of_a_key_take_turns_when_they_become_due(pg):
     assert taken == [{"customer:later": 5, "customer:now": 5}] * 2
 
 
+@pytest.mark.usefixtures("fair_statement")
 def test_two_fair_tasks_are_flows_of_their_own_beside_plain_tasks(pg):
     fair_job.enqueue_many([("a", n) for n in range(20)])
     fair_other.enqueue_many([("a", n) for n in range(20)])
@@ -236,6 +259,7 @@ def test_two_fair_tasks_are_flows_of_their_own_beside_plain_tasks(pg):
     }  # fmt: skip
 
 
+@pytest.mark.usefixtures("fair_statement")
 def test_tasks_of_a_fair_task_enqueued_without_a_key_run_when_the_keyed_leave_room(pg):
     # Given tasks of a fair task enqueued by a release that did not know it as fair
     fair_job.enqueue_many([("a", n) for n in range(4)])
@@ -250,6 +274,30 @@ def test_tasks_of_a_fair_task_enqueued_without_a_key_run_when_the_keyed_leave_ro
     assert keys_of(first) == {"customer:a": 3}
     assert sorted(t.id for t in second if t.id in old) == old
     assert len(second) == 4
+
+
+@pytest.mark.usefixtures("fair_statement")
+def test_a_paused_queue_holds_back_its_fair_tasks_until_resumed(pg):
+    ids = fair_job.enqueue_many([("acme", n) for n in range(3)])
+    operations.pause("default")
+
+    assert fair_claim(pg, 10) == []
+
+    operations.resume("default")
+    assert sorted(t.id for t in fair_claim(pg, 10)) == ids
+
+
+@pytest.mark.usefixtures("fair_statement")
+def test_a_paused_fair_task_name_is_held_back_and_the_rest_of_its_queue_claimed(pg):
+    held = fair_job.enqueue_many([("acme", n) for n in range(2)])
+    other = fair_other.enqueue("acme", 1)
+    routes = [FAIR_JOB, (fair_other.name, 1)]
+    operations.pause("default", fair_job.name)
+
+    assert [t.id for t in fair_claim(pg, 10, routes)] == [other]
+
+    operations.resume("default", fair_job.name)
+    assert sorted(t.id for t in fair_claim(pg, 10, routes)) == held
 
 
 def test_the_fair_claim_takes_what_the_full_claim_takes(pg):
