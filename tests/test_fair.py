@@ -288,6 +288,15 @@ def test_a_paused_queue_holds_back_its_fair_tasks_until_resumed(pg):
 
 
 @pytest.mark.usefixtures("fair_statement")
+def test_a_pause_of_another_queue_holds_back_no_fair_task_here(pg):
+    ids = fair_job.enqueue_many([("acme", n) for n in range(3)])
+    operations.pause("other")
+    operations.pause("other", fair_job.name)
+
+    assert sorted(t.id for t in fair_claim(pg, 10)) == ids
+
+
+@pytest.mark.usefixtures("fair_statement")
 def test_a_paused_fair_task_name_is_held_back_and_the_rest_of_its_queue_claimed(pg):
     held = fair_job.enqueue_many([("acme", n) for n in range(2)])
     other = fair_other.enqueue("acme", 1)
