@@ -11,13 +11,12 @@ See docs/performance.md for what each workload measures and how to read the tabl
 
 from __future__ import annotations
 
-import argparse
 import os
 from collections.abc import Callable
 from datetime import datetime
-from pathlib import Path
 from typing import Any
 
+from benchmarks.cli import parse_plan
 from benchmarks.harness import (
     BENCH_DB,
     Row,
@@ -59,87 +58,22 @@ from benchmarks.workloads import (
 
 # -- the run ---------------------------------------------------------------------------
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__)
-    parser.add_argument("--runs", type=int, default=3, help="runs of each workload (median)")
-    parser.add_argument(
-        "--only",
-        help="comma-separated workloads: W1,W2,W3,W4,W5,W6,W7,W8,W9,W10; also W2a (W2's "
-        "1-process drain alone), W2a-process (the same drain with --execution process) and "
-        "W2a-async (with ASYNC_CLAIMS), W2a-limits (with limits that do not bind), "
-        "W2a-keys (10,000 keys with a per-key rate or concurrency that does not bind, and "
-        "the claim alone), "
-        "W2a-atomic (tasks that insert one row, plain against atomic=True), "
-        "W2a-middleware (one no-op task middleware), W2a-encrypt (encrypted no-ops, "
-        "@task(encrypt=True)), W2a-tasklogs (tasks logging two records, with TASK_LOGS "
-        "against without), W2a-otel (OpenTelemetry's SDK against "
-        "no opentelemetry); W3-latency is W3's idle latency without its idle workers "
-        "of other queues; W9 is "
-        "waiting work: a chord's fan-in against a plain drain, and a chain",
-    )
-    parser.add_argument(
-        "--quick",
-        action="store_true",
-        help="one run, smaller sizes, short lease in W6: a smoke test",
-    )
-    parser.add_argument("--soak-tasks", type=int, default=1_000_000)
-    parser.add_argument(
-        "--shape-rows", type=int, default=1_000_000, help="W8: rows of each backlog shape"
-    )
-    parser.add_argument(
-        "--terminal-rows",
-        type=int,
-        default=10_000_000,
-        help="W8: finished rows in the table for the claim-latency measurement",
-    )
-    parser.add_argument("--baseline-seconds", type=float, default=10)
-    parser.add_argument(
-        "--scale",
-        type=float,
-        help="the workloads' sizes as a fraction of the defaults (--quick: 0.25); W1's "
-        "1-client runs enqueue 5,000 x scale tasks",
-    )
-    parser.add_argument(
-        "--peer",
-        choices=["pgqueuer", "celery"],
-        help="also measure a peer in the same runs, interleaved with ours, and print ours / "
-        "theirs. pgqueuer: PgQueuer (asyncpg), its single enqueue (W1, 1 and 4 clients), "
-        "idle latency (W3) and 1-process drain (W2a); needs pip install "
-        "'pgqueuer[asyncpg]'. celery: Celery with Redis and RabbitMQ (those that answer), "
-        "its delay() (W1, and W1-tx in a view's transaction), its drain in its default and "
-        "at-least-once configurations (W2a) and its idle latency with the prefork and "
-        "threads pools (W3); needs pip install 'celery[redis]' amqp",
-    )
-    parser.add_argument(
-        "--async-commit",
-        action="store_true",
-        help="synchronous_commit = off for every session of the benchmark database (ours, "
-        "the peer's, pgbench's): the client and server CPU path without the wait for the "
-        "WAL flush, the noisiest part on a shared machine's disk. For W1 only: it also "
-        "gives up the worker's durable claims",
-    )
-    parser.add_argument("--json", type=Path, help="where to write the results")
-    args = parser.parse_args(argv)
-    only = set((args.only or "W1,W2,W3,W4,W5,W6,W7,W8").upper().split(","))
-    runs = 1 if args.quick else args.runs
-    scale = args.scale or (0.25 if args.quick else 1.0)
-    soak = 100_000 if args.quick else args.soak_tasks
-    n = int(20_000 * scale)
-    shape_rows = int(args.shape_rows * scale)
-    terminal_rows = int(args.terminal_rows * (0.1 if args.quick else 1))
-    members = int(10_000 * scale)
-    steps = int(1_000 * scale)
+    plan = parse_plan(argv)
+    only, runs, n, soak = plan.only, plan.runs, plan.tasks, plan.soak_tasks
+    shape_rows, terminal_rows = plan.shape_rows, plan.terminal_rows
+    members, steps, lease = plan.members, plan.steps, plan.lease
 
     peer = celery = None
-    if args.peer == "pgqueuer":
+    if plan.peer == "pgqueuer":
         from benchmarks import peer_pgqueuer as peer
 
         peer_version = peer.available()
-    if args.peer == "celery":
+    if plan.peer == "celery":
         from benchmarks import peer_celery as celery
 
         celery_version = celery.available()
     url = prepare_database()
-    if args.async_commit:
+    if plan.async_commit:
         with psycopg_connect(url) as conn:
             conn.execute(f"ALTER DATABASE {BENCH_DB} SET synchronous_commit = off")
     setup_django(url)
@@ -511,7 +445,6 @@ def main(argv: list[str] | None = None) -> int:
     if celery is not None:
         rows.update(celery.rows(brokers, n))
     raw: dict[str, list[Any]] = {key: [] for key in rows}
-    lease = 5.0 if args.quick else None
 
     def record(key: str, value: float, detail: Any) -> None:
         rows[key].samples.append(value)
@@ -613,12 +546,12 @@ def main(argv: list[str] | None = None) -> int:
 
     for run in range(runs):
         print(f"run {run + 1}/{runs}", flush=True)
-        base = pgbench_baseline(args.baseline_seconds)
+        base = pgbench_baseline(plan.baseline_seconds)
         record("baseline", base, base)
         if "W1" in only:
-            base = pgbench_insert(args.baseline_seconds)
+            base = pgbench_insert(plan.baseline_seconds)
             record("baseline_insert", base, base)
-            base = pgbench_insert(args.baseline_seconds, clients=4)
+            base = pgbench_insert(plan.baseline_seconds, clients=4)
             record("baseline_insert_4c", base, base)
             side_by_side(
                 run,
@@ -770,8 +703,8 @@ def main(argv: list[str] | None = None) -> int:
         print_peer_table(rows, celery.pairs(brokers), "against Celery")
     write_results(
         "results",
-        args.json,
-        {"server": info, "runs": runs, "quick": args.quick, "rows": rows_json(rows), "raw": raw},
+        plan.json,
+        {"server": info, "runs": runs, "quick": plan.quick, "rows": rows_json(rows), "raw": raw},
     )
     return 0
 
