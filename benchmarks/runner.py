@@ -1,36 +1,24 @@
-"""The benchmark: workloads W1-W10 against pgbench baselines on the same server.
-
-Every figure is reported as the median of several runs with its spread, and as a ratio
-to a pgbench baseline measured in the same invocation (one INSERT, one UPDATE by primary
-key and one DELETE per transaction, 4 clients; and one INSERT per transaction, 1
-client, for the single enqueue), so results survive a noisy machine. Every drain also
-reports the machine CPU it cost per task (the worker's processes and PostgreSQL's, from
-/proc) and the write transactions and WAL per task.
-See docs/performance.md for what each workload measures and how to read the table.
+"""``python -m benchmarks``: the plan of the command line (cli.py), each of its workloads
+(workloads.py) run once a run, ours and a peer's side by side, and the report
+(report.py).
 """
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
-from datetime import datetime
-from typing import Any
+from types import ModuleType
 
-from benchmarks.cli import parse_plan
+from benchmarks.cli import Plan, parse_plan
 from benchmarks.harness import (
     BENCH_DB,
-    Row,
     enqueue_backlog,
     prepare_database,
-    print_table,
     psycopg_connect,
-    ratio,
-    rows_json,
     server_info,
     setup_django,
-    write_results,
 )
 from benchmarks.pgbench import pgbench_baseline, pgbench_insert
+from benchmarks.report import PEER_PAIRS, Report, print_header, suite_rows
 from benchmarks.workloads import (
     ATOMIC_ENV,
     SHAPES,
@@ -56,570 +44,101 @@ from benchmarks.workloads import (
 )
 
 
-# -- the run ---------------------------------------------------------------------------
 def main(argv: list[str] | None = None) -> int:
     plan = parse_plan(argv)
-    only, runs, n, soak = plan.only, plan.runs, plan.tasks, plan.soak_tasks
-    shape_rows, terminal_rows = plan.shape_rows, plan.terminal_rows
-    members, steps, lease = plan.members, plan.steps, plan.lease
-
-    peer = celery = None
-    if plan.peer == "pgqueuer":
-        from benchmarks import peer_pgqueuer as peer
-
-        peer_version = peer.available()
-    if plan.peer == "celery":
-        from benchmarks import peer_celery as celery
-
-        celery_version = celery.available()
+    peer = peer_module(plan.peer)
+    # Before the database is made again: a peer that is not installed stops here.
+    peer_version = peer.available() if peer is not None else None
     url = prepare_database()
     if plan.async_commit:
         with psycopg_connect(url) as conn:
             conn.execute(f"ALTER DATABASE {BENCH_DB} SET synchronous_commit = off")
     setup_django(url)
     info = server_info()
-    if peer is not None:
-        peer.install()
-        info["pgqueuer"] = peer_version
+    pgqueuer = peer if plan.peer == "pgqueuer" else None
+    celery = peer if plan.peer == "celery" else None
     brokers: list[str] = []
+    if pgqueuer is not None:
+        pgqueuer.install()
+        info["pgqueuer"] = peer_version
     if celery is not None:
         brokers = celery.install()
-        info["celery"] = celery_version
-    print(
-        f"django_pgqueue benchmark, {datetime.now():%Y-%m-%d %H:%M}, PostgreSQL "
-        f"{info['postgresql']}, {os.cpu_count()} CPUs, {runs} run(s)",
-        flush=True,
-    )
+        info["celery"] = peer_version
+    print_header(info, plan.runs)
 
-    rows = {
-        "baseline": Row("baseline", "pgbench baseline (insert+update+delete, 4 clients)", "tps"),
-        "baseline_insert": Row(
-            "baseline_insert", "pgbench one INSERT per transaction, 1 client", "tps"
-        ),
-        "baseline_insert_4c": Row(
-            "baseline_insert_4c",
-            "pgbench one INSERT per transaction, 4 clients",
-            "tps",
-            ratio_to="baseline_insert",
-        ),
-        "w1_single_1c": Row(
-            "w1_single_1c",
-            f"W1 enqueue, {n // 4:,} x 1 txn, 1 client",
-            "tasks/s",
-            ratio_to="baseline_insert",  # its target is against PgQueuer's (PEER_PAIRS)
-        ),
-        "w1_single": Row(
-            "w1_single",
-            f"W1 enqueue, {n:,} x 1 txn, 4 clients",
-            "tasks/s",
-            ratio_to="w1_single_1c",
-            target=">= 2.5x 1 client",  # or pgbench's own 1 -> 4 ratio: set after the runs
-            check=lambda v, r: r >= 2.5,
-        ),
-        **{
-            f"w1_{kind}": Row(
-                f"w1_{kind}",
-                f"W1 {what}, {n // 4:,} x 1 txn, 1 client",
-                "tasks/s",
-                ratio_to="w1_single_1c",
-            )
-            for kind, what in W1_KINDS.items()
-            if kind != "enqueue"
-        },
-        "w1_peer_1c": Row(
-            "w1_peer_1c",
-            f"W1 PgQueuer Queries.enqueue, {n // 4:,} x 1 txn, 1 client",
-            "tasks/s",
-            ratio_to="baseline_insert",
-        ),
-        "w1_peer_4c": Row(
-            "w1_peer_4c",
-            f"W1 PgQueuer Queries.enqueue, {n:,} x 1 txn, 4 clients",
-            "tasks/s",
-            ratio_to="w1_peer_1c",
-        ),
-        "w1_many": Row(
-            "w1_many",
-            "W1 enqueue_many, batches of 1,000",
-            "tasks/s",
-            ratio_to="baseline",
-            target=">= 100,000/s",
-            check=lambda v, r: v >= 100_000,
-        ),
-        "w2a": Row(
-            "w2a",
-            f"W2a drain {n:,}, 1 process",
-            "tasks/s",
-            ratio_to="baseline",
-            target=">= 2.5x baseline",
-            check=lambda v, r: r >= 2.5,
-        ),
-        "w2a_cpu": Row(
-            "w2a_cpu",
-            "W2a machine CPU per task (worker + PostgreSQL)",
-            "ms",
-            target="<= 0.1 ms",
-            check=lambda v, r: v <= 0.1,
-        ),
-        "w2a_wtx": Row("w2a_wtx", "W2a write transactions per task", "txns"),
-        "w2a_peer": Row(
-            "w2a_peer",
-            f"W2a PgQueuer drain {n:,}, 1 process, its defaults",
-            "tasks/s",
-            ratio_to="baseline",
-        ),
-        "w2a_peer_cpu": Row(
-            "w2a_peer_cpu", "W2a PgQueuer machine CPU per task (worker + PostgreSQL)", "ms"
-        ),
-        "w2a_process": Row(
-            "w2a_process",
-            f"W2a drain {n:,}, 1 process, --execution process",
-            "tasks/s",
-            ratio_to="w2a",
-        ),
-        "w2a_limits": Row(
-            "w2a_limits",
-            f"W2a drain {n:,}, 1 process, queue concurrency + rate limit (not binding)",
-            "tasks/s",
-            ratio_to="w2a",
-            target=">= 0.8x W2a",
-            check=lambda v, r: r >= 0.8,
-        ),
-        "w2a_keys_concurrency": Row(
-            "w2a_keys_concurrency",
-            f"W2a drain {n:,}, 1 process, 10,000 keys, a per-key concurrency (not binding)",
-            "tasks/s",
-            ratio_to="w2a",
-        ),
-        "w2a_keys_rate": Row(
-            "w2a_keys_rate",
-            f"W2a drain {n:,}, 1 process, 10,000 keys, a per-key rate (not binding)",
-            "tasks/s",
-            ratio_to="w2a",
-            target=">= 0.8x W2a",
-            check=lambda v, r: r >= 0.8,
-        ),
-        "claim_plain_p50": Row("claim_plain_p50", "W2a-keys claim alone p50, no key", "ms"),
-        "claim_plain_p99": Row("claim_plain_p99", "W2a-keys claim alone p99, no key", "ms"),
-        "claim_limited_p50": Row(
-            "claim_limited_p50",
-            "W2a-keys claim alone p50, no key, queue limit (lock + claim)",
-            "ms",
-            ratio_to="claim_plain_p50",
-        ),
-        "claim_limited_p99": Row(
-            "claim_limited_p99",
-            "W2a-keys claim alone p99, no key, queue limit (lock + claim)",
-            "ms",
-            ratio_to="claim_plain_p99",
-        ),
-        "claim_keys_p50": Row(
-            "claim_keys_p50",
-            "W2a-keys claim alone p50, 10,000 keys with a rate (lock + claim)",
-            "ms",
-            ratio_to="claim_limited_p50",
-        ),
-        "claim_keys_p99": Row(
-            "claim_keys_p99",
-            "W2a-keys claim alone p99, 10,000 keys with a rate (lock + claim)",
-            "ms",
-            ratio_to="claim_limited_p99",
-        ),
-        "claim_busy_key_rounds": Row(
-            "claim_busy_key_rounds",
-            "W2a-keys claims to pass a busy key's 10,000 rows out of budget",
-            "claims",
-        ),
-        "claim_busy_key_round_p50": Row(
-            "claim_busy_key_round_p50", "W2a-keys one of those claims (+ set aside), p50", "ms"
-        ),
-        "claim_busy_key_round_max": Row(
-            "claim_busy_key_round_max", "W2a-keys one of those claims (+ set aside), max", "ms"
-        ),
-        "w2a_async": Row(
-            "w2a_async",
-            f"W2a drain {n:,}, 1 process, ASYNC_CLAIMS (opt-in)",
-            "tasks/s",
-            ratio_to="w2a",
-        ),
-        "w2a_insert": Row(
-            "w2a_insert",
-            f"W2a drain {n:,} tasks inserting one row each, 1 process",
-            "tasks/s",
-            ratio_to="w2a",
-        ),
-        "w2a_insert_txn": Row(
-            "w2a_insert_txn",
-            f"W2a drain {n:,} tasks inserting one row each in their own atomic(), 1 process",
-            "tasks/s",
-            ratio_to="w2a_insert",
-        ),
-        "w2a_atomic": Row(
-            "w2a_atomic",
-            f"W2a drain {n:,} tasks inserting one row each, 1 process, atomic=True",
-            "tasks/s",
-            ratio_to="w2a_insert",
-        ),
-        # The target, as one ratio per run (the two drains back to back).
-        "w2a_atomic_ratio": Row(
-            "w2a_atomic_ratio",
-            "W2a-atomic rate / plain insert rate, same run",
-            "x",
-            target=">= 0.9",
-            check=lambda v, r: v >= 0.9,
-        ),
-        "w2a_chatty": Row(
-            "w2a_chatty",
-            f"W2a drain {n:,} tasks logging two INFO records each, 1 process",
-            "tasks/s",
-        ),
-        "w2a_tasklogs": Row(
-            "w2a_tasklogs",
-            f"W2a drain {n:,} tasks logging two INFO records each, 1 process, TASK_LOGS",
-            "tasks/s",
-            ratio_to="w2a_chatty",
-        ),
-        # One ratio per run (the two drains back to back).
-        "w2a_tasklogs_ratio": Row(
-            "w2a_tasklogs_ratio", "W2a-tasklogs rate / the same drain without, same run", "x"
-        ),
-        "w2a_middleware": Row(
-            "w2a_middleware",
-            f"W2a drain {n:,}, 1 process, one no-op task middleware",
-            "tasks/s",
-            ratio_to="w2a",
-            target=">= 0.95x W2a",
-            check=lambda v, r: r >= 0.95,
-        ),
-        "w2a_encrypt": Row(
-            "w2a_encrypt",
-            f"W2a drain {n:,} encrypted no-ops (@task(encrypt=True)), 1 process",
-            "tasks/s",
-            ratio_to="w2a",
-        ),
-        "w2a_no_otel": Row(
-            "w2a_no_otel",
-            f"W2a drain {n:,}, 1 process, opentelemetry not importable",
-            "tasks/s",
-        ),
-        "w2a_otel": Row(
-            "w2a_otel",
-            f"W2a drain {n:,}, 1 process, OpenTelemetry SDK (no exporter)",
-            "tasks/s",
-            ratio_to="w2a_no_otel",
-            target=">= 0.9x without",
-            check=lambda v, r: r >= 0.9,
-        ),
-        "w2a_otel_export": Row(
-            "w2a_otel_export",
-            f"W2a drain {n:,}, 1 process, OpenTelemetry SDK, every span batched and exported",
-            "tasks/s",
-            ratio_to="w2a_no_otel",
-        ),
-        "w3_idle_others": Row(
-            "w3_idle_others",
-            "W3 claimer statements per enqueue, 10 idle workers of other queues",
-            "statements",
-            target="0",
-            check=lambda v, r: v < 0.05,
-        ),
-        "w2b": Row(
-            "w2b",
-            f"W2b drain {n:,}, 2 processes",
-            "tasks/s",
-            ratio_to="baseline",
-            target=">= 3x baseline",
-            check=lambda v, r: r >= 3.0,
-        ),
-        "w3_p50": Row(
-            "w3_p50", "W3 idle latency p50", "ms", target="< 2 ms", check=lambda v, r: v < 2
-        ),
-        "w3_p95": Row("w3_p95", "W3 idle latency p95", "ms"),
-        "w3_p99": Row(
-            "w3_p99", "W3 idle latency p99", "ms", target="< 4 ms", check=lambda v, r: v < 4
-        ),
-        "w3_peer_p50": Row("w3_peer_p50", "W3 PgQueuer idle latency p50", "ms"),
-        "w3_peer_p95": Row("w3_peer_p95", "W3 PgQueuer idle latency p95", "ms"),
-        "w3_peer_p99": Row("w3_peer_p99", "W3 PgQueuer idle latency p99", "ms"),
-        "w3_peer_commit_p50": Row(
-            "w3_peer_commit_p50", "W3 PgQueuer latency p50, from the enqueue's commit", "ms"
-        ),
-        "w3_peer_enqueue_p50": Row(
-            "w3_peer_enqueue_p50", "W3 PgQueuer the enqueue call itself, p50", "ms"
-        ),
-        "w3_commit_p50": Row("w3_commit_p50", "W3 latency p50, from the enqueue's commit", "ms"),
-        "w3_commit_p99": Row("w3_commit_p99", "W3 latency p99, from the enqueue's commit", "ms"),
-        "w3_enqueue_p50": Row("w3_enqueue_p50", "W3 the enqueue() call itself, p50", "ms"),
-        "w10": Row(
-            "w10",
-            "W10 1,000 async handlers awaiting 1 s, 1 process",
-            "s",
-            target="< 3 s",
-            check=lambda v, r: v < 3,
-        ),
-        "w4": Row(
-            "w4",
-            f"W4 drain first {n:,} of {10 * n:,}",
-            "tasks/s",
-            ratio_to="w2a",
-            target=">= 0.9x W2a",
-            check=lambda v, r: r >= 0.9,
-        ),
-        "w5_p50": Row("w5_p50", "W5 scheduled lateness p50", "ms"),
-        "w5_p99": Row(
-            "w5_p99", "W5 scheduled lateness p99", "ms", target="< 20 ms", check=lambda v, r: v < 20
-        ),
-        "w6": Row("w6", "W6 crash recovery of 8 tasks", "s", target="<= lease + 2 s", check=None),
-        "w7_ratio": Row(
-            "w7_ratio",
-            f"W7 soak {soak:,}: last 10% / first 10%",
-            "x",
-            target=">= 0.8",
-            check=lambda v, r: v >= 0.8,
-        ),
-        **{
-            f"w8_{shape}": Row(
-                f"w8_{shape}",
-                f"W8 drain {n:,} beside {shape_rows:,} rows: {description}",
-                "tasks/s",
-                ratio_to="w2a",
-                target=">= 0.9x W2a",
-                check=lambda v, r: r >= 0.9,
-            )
-            for shape, (description, _) in SHAPES.items()
-        },
-        "w9_plain": Row(
-            "w9_plain", f"W9 plain drain {members:,}, 1 process (fan-in's yardstick)", "tasks/s"
-        ),
-        "w9_fan_in": Row(
-            "w9_fan_in",
-            f"W9 chord {members:,} + callback, to its settlement",
-            "tasks/s",
-            ratio_to="w9_plain",
-        ),
-        # The target, as one ratio per run (chord and plain drain back to back), so a
-        # machine that slows down between runs moves both sides of each sample.
-        "w9_fan_in_ratio": Row(
-            "w9_fan_in_ratio",
-            "W9 chord rate / plain drain rate, same run",
-            "x",
-            target=">= 0.83 (fan-in < +20%)",
-            check=lambda v, r: v >= 0.83,
-        ),
-        "w9_fan_in_lag": Row(
-            "w9_fan_in_lag", "W9 chord: last member's settlement to callback start", "ms"
-        ),
-        "w9_fan_in_enqueue": Row(
-            "w9_fan_in_enqueue", f"W9 chord enqueue: the callback after= {members:,}", "s"
-        ),
-        "w9_chain": Row("w9_chain", f"W9 chain of {steps:,} steps, head's claim to the end", "s"),
-        "w9_chain_handover": Row(
-            "w9_chain_handover", "W9 chain: a step's settlement to the next claim, p50", "ms"
-        ),
-        "w8_claim_empty_p50": Row("w8_claim_empty_p50", "W8 claim latency p50, empty table", "ms"),
-        "w8_claim_empty_p99": Row("w8_claim_empty_p99", "W8 claim latency p99, empty table", "ms"),
-        "w8_claim_full_p50": Row(
-            "w8_claim_full_p50",
-            f"W8 claim latency p50, {terminal_rows:,} finished rows",
-            "ms",
-            ratio_to="w8_claim_empty_p50",
-            target="<= 1.5x empty",
-            check=lambda v, r: r <= 1.5,
-        ),
-        "w8_claim_full_p99": Row(
-            "w8_claim_full_p99",
-            f"W8 claim latency p99, {terminal_rows:,} finished rows",
-            "ms",
-            ratio_to="w8_claim_empty_p99",
-            target="<= 1.5x empty",
-            check=lambda v, r: r <= 1.5,
-        ),
-        "w7_rss": Row(
-            "w7_rss",
-            "W7 soak: worker RSS growth (2nd half / at 10%)",
-            "x",
-            target="flat (<= 1.15)",
-            check=lambda v, r: v <= 1.15,
-        ),
-    }
+    rows = suite_rows(plan)
+    peer_tables: list[tuple[list[tuple], str]] = []
+    if pgqueuer is not None:
+        peer_tables.append((PEER_PAIRS, "against PgQueuer"))
     if celery is not None:
-        rows.update(celery.rows(brokers, n))
-    raw: dict[str, list[Any]] = {key: [] for key in rows}
+        rows.update(celery.rows(brokers, plan.tasks))
+        peer_tables.append((celery.pairs(brokers), "against Celery"))
+    report = Report(rows)
+    Suite(plan, report, pgqueuer, celery, brokers).run()
+    report.finish(plan, info, peer_tables)
+    return 0
 
-    def record(key: str, value: float, detail: Any) -> None:
-        rows[key].samples.append(value)
-        raw[key].append(detail)
-        cost = ""
-        if isinstance(detail, dict) and "broker_cpu_ms_per_task" in detail:  # a Celery drain
-            cost = (
-                f" (CPU {detail['cpu_ms_per_task']:.3f} ms/task: worker "
-                f"{detail['worker_cpu_ms_per_task']:.3f} + broker "
-                f"{detail['broker_cpu_ms_per_task']:.3f})"
-            )
-        elif isinstance(detail, dict) and "cpu_ms_per_task" in detail:
-            cost = (
-                f" (CPU {detail['cpu_ms_per_task']:.3f} ms/task: worker "
-                f"{detail['worker_cpu_ms_per_task']:.3f} + PostgreSQL "
-                f"{detail['pg_cpu_ms_per_task']:.3f}; {detail['write_txns_per_task']:.3f} "
-                f"write txns/task; WAL {detail['wal_bytes_per_task']:,.0f} B/task)"
-            )
-        print(f"  {rows[key].label}: {value:,.2f} {rows[key].unit}{cost}", flush=True)
 
-    from django.conf import settings as django_settings
+def peer_module(name: str | None) -> ModuleType | None:
+    """The module that measures --peer (imported only when asked for: it needs the
+    peer's packages)."""
+    if name == "pgqueuer":
+        from benchmarks import peer_pgqueuer
 
-    def side_by_side(
-        run: int, ours: Callable[[], None], theirs: Callable[[], None] | None
+        return peer_pgqueuer
+    if name == "celery":
+        from benchmarks import peer_celery
+
+        return peer_celery
+    return None
+
+
+class Suite:
+    """The plan's workloads, run by run, each sample recorded in the report; with a peer,
+    its measurement of the same workload beside ours."""
+
+    def __init__(
+        self,
+        plan: Plan,
+        report: Report,
+        pgqueuer: ModuleType | None,
+        celery: ModuleType | None,
+        brokers: list[str],
     ) -> None:
-        """Ours and the peer's measurement of one workload, in an order that alternates
-        from run to run (so neither always runs first); ours alone without a peer."""
-        steps = [ours] if theirs is None else ([ours, theirs] if run % 2 == 0 else [theirs, ours])
-        for step in steps:
-            step()
+        self.plan = plan
+        self.report = report
+        self.record = report.record
+        self.pgqueuer = pgqueuer
+        self.celery = celery
+        self.brokers = brokers
 
-    def w1_ours(clients: int, key: str) -> None:
-        d = w1_single(n if clients > 1 else n // 4, clients)
-        record(key, d["rate"], d)
+    def run(self) -> None:
+        for run in range(self.plan.runs):
+            print(f"run {run + 1}/{self.plan.runs}", flush=True)
+            self.once(run)
 
-    def w1_peer(clients: int, key: str) -> None:
-        d = peer.enqueue_single(n if clients > 1 else n // 4, clients)
-        record(key, d["rate"], d)
-
-    def w2a_ours() -> None:
-        d = drain(n, 1)
-        record("w2a", d["rate"], d)
-        record("w2a_cpu", d["cpu_ms_per_task"], {})
-        record("w2a_wtx", d["write_txns_per_task"], {})
-
-    def w2a_peer() -> None:
-        d = peer.drain(n)
-        record("w2a_peer", d["rate"], d)
-        record("w2a_peer_cpu", d["cpu_ms_per_task"], {})
-
-    def w3_ours() -> None:
-        d = w3_latency(200, 0.05)
-        record("w3_p50", d["p50_ms"], d)
-        record("w3_p95", d["p95_ms"], {})
-        record("w3_p99", d["p99_ms"], {})
-        record("w3_commit_p50", d["from_commit_p50_ms"], {})
-        record("w3_commit_p99", d["from_commit_p99_ms"], {})
-        record("w3_enqueue_p50", d["enqueue_call_p50_ms"], {})
-
-    def w1_tx_ours() -> None:
-        d = w1_single(n // 4, 1, "tx")
-        record("w1_tx", d["rate"], d)
-
-    def w1_celery() -> None:
-        for broker in brokers:
-            d = celery.enqueue_single(n // 4, broker)
-            record(f"w1_celery_{broker}", d["rate"], d)
-
-    def w1_tx_celery() -> None:
-        for broker in brokers:
-            d = celery.enqueue_single(n // 4, broker, tx=True)
-            record(f"w1_tx_celery_{broker}", d["rate"], d)
-
-    def w2a_celery() -> None:
-        for broker in brokers:
-            for config in celery.CONFIGS:
-                d = celery.drain(n, broker, config)
-                record(f"w2a_celery_{broker}_{config}", d["rate"], d)
-                record(f"w2a_celery_{broker}_{config}_cpu", d["cpu_ms_per_task"], {})
-
-    def w3_celery() -> None:
-        for broker in brokers:
-            for pool in celery.POOLS:
-                d = celery.latency(200, 0.05, broker, pool)
-                record(f"w3_celery_{broker}_{pool}_p50", d["p50_ms"], d)
-                record(f"w3_celery_{broker}_{pool}_p99", d["p99_ms"], {})
-
-    def theirs(pgqueuer_step: Callable[[], None], celery_step: Callable[[], None]) -> Any:
-        """The peer's measurement of a workload, if a peer is measured."""
-        return pgqueuer_step if peer is not None else celery_step if celery is not None else None
-
-    def w3_peer() -> None:
-        d = peer.latency(200, 0.05)
-        record("w3_peer_p50", d["p50_ms"], d)
-        record("w3_peer_p95", d["p95_ms"], {})
-        record("w3_peer_p99", d["p99_ms"], {})
-        record("w3_peer_commit_p50", d["from_commit_p50_ms"], {})
-        record("w3_peer_enqueue_p50", d["enqueue_call_p50_ms"], {})
-
-    for run in range(runs):
-        print(f"run {run + 1}/{runs}", flush=True)
-        base = pgbench_baseline(plan.baseline_seconds)
+    def once(self, run: int) -> None:
+        """Every workload of the plan, once; W7 and W8's claim latency in the first run
+        only."""
+        only, n, record = self.plan.only, self.plan.tasks, self.record
+        base = pgbench_baseline(self.plan.baseline_seconds)
         record("baseline", base, base)
         if "W1" in only:
-            base = pgbench_insert(plan.baseline_seconds)
-            record("baseline_insert", base, base)
-            base = pgbench_insert(plan.baseline_seconds, clients=4)
-            record("baseline_insert_4c", base, base)
-            side_by_side(
-                run,
-                lambda: w1_ours(1, "w1_single_1c"),
-                theirs(lambda: w1_peer(1, "w1_peer_1c"), w1_celery),
-            )
-            side_by_side(
-                run,
-                lambda: w1_ours(4, "w1_single"),
-                theirs(lambda: w1_peer(4, "w1_peer_4c"), None),
-            )
-            side_by_side(run, w1_tx_ours, theirs(None, w1_tx_celery))
-            for kind in W1_KINDS:
-                if kind == "framework" and not hasattr(django_settings, "TASKS"):
-                    print("  (W1 framework: no Tasks framework installed, skipped)")
-                elif kind not in ("enqueue", "tx"):
-                    d = w1_single(n // 4, 1, kind)
-                    record(f"w1_{kind}", d["rate"], d)
-            d = w1_many(n, 1000)
-            record("w1_many", d["rate"], d)
+            self.w1(run)
         if only & {"W2", "W2A", "W4", "W8"}:
-            side_by_side(run, w2a_ours, theirs(w2a_peer, w2a_celery))
+            self.side_by_side(run, self.w2a, self.theirs(self.w2a_pgqueuer, self.w2a_celery))
         if "W2A-LIMITS" in only:
             d = drain(n, 1, limits=True)
             record("w2a_limits", d["rate"], d)
         if "W2A-KEYS" in only:
-            for kind in ("concurrency", "rate"):
-                d = drain(
-                    n,
-                    1,
-                    enqueue=lambda kind=kind: enqueue_keyed(kind, n),
-                    env={"PGQUEUE_BENCH_KEYS": "1"},
-                )
-                record(f"w2a_keys_{kind}", d["rate"], d)
-            d = key_claim_latency()
-            record("claim_plain_p50", d["plain_p50_ms"], d)
-            record("claim_plain_p99", d["plain_p99_ms"], {})
-            record("claim_limited_p50", d["limited_p50_ms"], {})
-            record("claim_limited_p99", d["limited_p99_ms"], {})
-            record("claim_keys_p50", d["keyed_p50_ms"], {})
-            record("claim_keys_p99", d["keyed_p99_ms"], {})
-            record("claim_busy_key_rounds", d["busy_rounds"], {})
-            record("claim_busy_key_round_p50", d["busy_round_p50_ms"], {})
-            record("claim_busy_key_round_max", d["busy_round_max_ms"], {})
+            self.w2a_keys()
         if "W2A-ASYNC" in only:
             d = drain(n, 1, async_claims=True)
             record("w2a_async", d["rate"], d)
         if "W2A-ATOMIC" in only:
-            rates = {}
-            for how, key in (("plain", "w2a_insert"), ("transaction", "w2a_insert_txn"),
-                             ("atomic", "w2a_atomic")):  # fmt: skip
-                d = drain(n, 1, enqueue=lambda how=how: enqueue_inserts(n, how), env=ATOMIC_ENV)
-                d["rows"] = inserted_rows()
-                assert d["rows"] == n, f"W2a-atomic ({how}): {d['rows']} rows for {n} tasks"
-                rates[how] = d["rate"]
-                record(key, d["rate"], d)
-            record("w2a_atomic_ratio", rates["atomic"] / rates["plain"], {})
+            self.w2a_atomic()
         if "W2A-TASKLOGS" in only:
-            rates = {}
-            for level, key in ((None, "w2a_chatty"), ("INFO", "w2a_tasklogs")):
-                env = {"PGQUEUE_BENCH_TASK_LOGS": level} if level else {}
-                d = drain(n, 1, enqueue=lambda: enqueue_chatty(n), env=env)
-                d["task_log_rows"] = task_log_rows()
-                expected = n if level else 0
-                assert d["task_log_rows"] == expected, f"W2a-tasklogs: {d['task_log_rows']} rows"
-                rates[key] = d["rate"]
-                record(key, d["rate"], d)
-            record("w2a_tasklogs_ratio", rates["w2a_tasklogs"] / rates["w2a_chatty"], {})
+            self.w2a_tasklogs()
         if "W2A-MIDDLEWARE" in only:
             d = drain(n, 1, env={"PGQUEUE_BENCH_MIDDLEWARE": "1"})
             record("w2a_middleware", d["rate"], d)
@@ -627,12 +146,10 @@ def main(argv: list[str] | None = None) -> int:
             d = drain(n, 1, enqueue=lambda: enqueue_backlog(n, encrypted=True))
             record("w2a_encrypt", d["rate"], d)
         if "W2A-OTEL" in only:
-            d = drain(n, 1, env={"PGQUEUE_BENCH_OTEL": "off"})
-            record("w2a_no_otel", d["rate"], d)
-            d = drain(n, 1, env={"PGQUEUE_BENCH_OTEL": "sdk"})
-            record("w2a_otel", d["rate"], d)
-            d = drain(n, 1, env={"PGQUEUE_BENCH_OTEL": "export"})
-            record("w2a_otel_export", d["rate"], d)
+            for key, otel in (("w2a_no_otel", "off"), ("w2a_otel", "sdk"),
+                              ("w2a_otel_export", "export")):  # fmt: skip
+                d = drain(n, 1, env={"PGQUEUE_BENCH_OTEL": otel})
+                record(key, d["rate"], d)
         if "W3" in only:  # W3-latency: the idle latency alone
             d = w3_idle_others(500)
             record("w3_idle_others", d["per_enqueue"], d)
@@ -643,7 +160,7 @@ def main(argv: list[str] | None = None) -> int:
             d = drain(n, 2)
             record("w2b", d["rate"], d)
         if only & {"W3", "W3-LATENCY"}:
-            side_by_side(run, w3_ours, theirs(w3_peer, w3_celery))
+            self.side_by_side(run, self.w3, self.theirs(self.w3_pgqueuer, self.w3_celery))
         if "W10" in only:
             d = w10_async(1000, 1.0)
             record("w10", d["seconds"], d)
@@ -655,95 +172,211 @@ def main(argv: list[str] | None = None) -> int:
             record("w5_p50", d["p50_ms"], d)
             record("w5_p99", d["p99_ms"], d)
         if "W6" in only:
-            d = w6_recovery(8, lease)
-            record("w6", d["seconds"], d)
-            rows["w6"].check = lambda v, r, limit=d["lease"] + 2: v <= limit
-            rows["w6"].target = f"<= {d['lease'] + 2:g} s (lease + 2)"
+            self.w6()
         if "W8" in only:
             for shape in SHAPES:
-                d = drain(n, 1, shape=(shape, shape_rows))
+                d = drain(n, 1, shape=(shape, self.plan.shape_rows))
                 record(f"w8_{shape}", d["rate"], d)
         if "W9" in only:
-            plain = drain(members, 1)
-            record("w9_plain", plain["rate"], plain)
-            d = w9_fan_in(members)
-            record("w9_fan_in", d["rate"], d)
-            record("w9_fan_in_ratio", d["rate"] / plain["rate"], {})
-            record("w9_fan_in_lag", d["callback_start_lag_ms"], {})
-            record("w9_fan_in_enqueue", d["enqueue_callback_s"], {})
-            d = w9_chain(steps)
-            record("w9_chain", d["seconds"], d)
-            record("w9_chain_handover", d["handover_p50_ms"], {})
+            self.w9()
         if "W8" in only and run == 0:
-            d = w8_claim_latency(0)
-            record("w8_claim_empty_p50", d["p50_ms"], d)
-            record("w8_claim_empty_p99", d["p99_ms"], {})
-            d = w8_claim_latency(terminal_rows)
-            record("w8_claim_full_p50", d["p50_ms"], d)
-            record("w8_claim_full_p99", d["p99_ms"], {})
+            self.w8_claim()
         if "W7" in only and run == 0:
-            d = w7_soak(soak)
-            record("w7_ratio", d["last_over_first"], d)
-            if d["rss_growth"] is not None:
-                record("w7_rss", d["rss_growth"], {})
+            self.w7()
 
-    # 4 clients against 1: 2.5x, or what pgbench's own one-INSERT scales by on this
-    # machine (2 cores run 4 Python clients and 4 backends), whichever is lower.
-    if rows["baseline_insert_4c"].samples:
-        scale = min(2.5, ratio(rows, rows["baseline_insert_4c"]))
-        rows["w1_single"].target = f">= {scale:.2f}x 1 client"
-        rows["w1_single"].check = lambda v, r, limit=scale: r >= limit
-    print()
-    print_table(rows)
-    if peer is not None:
-        print()
-        print_peer_table(rows)
-    if celery is not None:
-        print()
-        print_peer_table(rows, celery.pairs(brokers), "against Celery")
-    write_results(
-        "results",
-        plan.json,
-        {"server": info, "runs": runs, "quick": plan.quick, "rows": rows_json(rows), "raw": raw},
-    )
-    return 0
+    # -- ours and the peer's -----------------------------------------------------------
+    def side_by_side(
+        self, run: int, ours: Callable[[], None], theirs: Callable[[], None] | None
+    ) -> None:
+        """Ours and the peer's measurement of one workload, in an order that alternates
+        from run to run (so neither always runs first); ours alone without a peer."""
+        steps = [ours] if theirs is None else ([ours, theirs] if run % 2 == 0 else [theirs, ours])
+        for step in steps:
+            step()
 
+    def theirs(
+        self, pgqueuer_step: Callable[[], None] | None, celery_step: Callable[[], None] | None
+    ) -> Callable[[], None] | None:
+        """The peer's measurement of a workload, if a peer is measured."""
+        if self.pgqueuer is not None:
+            return pgqueuer_step
+        return celery_step if self.celery is not None else None
 
-# Ours against the peer's, row by row: (label, our row, their row).
-# Ours against PgQueuer's, each with its target on ours / theirs (None: shown only).
-PEER_PAIRS: list[tuple[str, str, str, str | None, Callable[[float], bool] | None]] = [
-    ("W1 enqueue, 1 client (tasks/s)", "w1_single_1c", "w1_peer_1c", ">= 1.0x", lambda r: r >= 1.0),
-    ("W1 enqueue, 4 clients (tasks/s)", "w1_single", "w1_peer_4c", None, None),
-    ("W3 idle latency p50 (ms)", "w3_p50", "w3_peer_p50", "<= 1.0x", lambda r: r <= 1.0),
-    ("W3 idle latency p95 (ms)", "w3_p95", "w3_peer_p95", None, None),
-    ("W3 idle latency p99 (ms)", "w3_p99", "w3_peer_p99", "<= 1.0x", lambda r: r <= 1.0),
-    ("W3 from the enqueue's commit, p50 (ms)", "w3_commit_p50", "w3_peer_commit_p50", None, None),
-    ("W3 the enqueue call itself, p50 (ms)", "w3_enqueue_p50", "w3_peer_enqueue_p50", None, None),
-    ("W2a drain, 1 process (tasks/s)", "w2a", "w2a_peer", ">= 1.6x", lambda r: r >= 1.6),
-    ("W2a machine CPU per task (ms)", "w2a_cpu", "w2a_peer_cpu", "<= 0.75x", lambda r: r <= 0.75),
-]
+    # -- W1 ----------------------------------------------------------------------------
+    def w1(self, run: int) -> None:
+        from django.conf import settings as django_settings
 
-
-def print_peer_table(
-    rows: dict[str, Row], pairs: list[tuple] | None = None, title: str = "against PgQueuer"
-) -> None:
-    """Ours / theirs: the ratio of the medians, its target, and the spread of the
-    per-run ratios (each run measured both back to back)."""
-    print(
-        f"{title:<42} {'ours':>10} {'theirs':>10} {'ours/theirs':>12} "
-        f"{'per run':>14}  {'target':<9} met"
-    )
-    for label, ours, theirs, target, check in PEER_PAIRS if pairs is None else pairs:
-        a, b = rows[ours].samples, rows[theirs].samples
-        if not a or not b:
-            continue
-        per_run = [x / y for x, y in zip(a, b, strict=False)]
-        r = rows[ours].median / rows[theirs].median
-        mark = "" if check is None else ("yes" if check(r) else "NO")
-        line = (
-            f"{label:<42} {rows[ours].median:>10,.2f} {rows[theirs].median:>10,.2f} "
-            f"{r:>11.2f}x {min(per_run):>6.2f}-{max(per_run):.2f}x  {target or '':<9} {mark}"
+        n, record = self.plan.tasks, self.record
+        base = pgbench_insert(self.plan.baseline_seconds)
+        record("baseline_insert", base, base)
+        base = pgbench_insert(self.plan.baseline_seconds, clients=4)
+        record("baseline_insert_4c", base, base)
+        self.side_by_side(
+            run,
+            lambda: self.w1_enqueue(1, "w1_single_1c"),
+            self.theirs(lambda: self.w1_pgqueuer(1, "w1_peer_1c"), self.w1_celery),
         )
-        print(line.rstrip())
+        self.side_by_side(
+            run,
+            lambda: self.w1_enqueue(4, "w1_single"),
+            self.theirs(lambda: self.w1_pgqueuer(4, "w1_peer_4c"), None),
+        )
+        self.side_by_side(run, self.w1_tx, self.theirs(None, self.w1_tx_celery))
+        for kind in W1_KINDS:
+            if kind == "framework" and not hasattr(django_settings, "TASKS"):
+                print("  (W1 framework: no Tasks framework installed, skipped)")
+            elif kind not in ("enqueue", "tx"):
+                d = w1_single(n // 4, 1, kind)
+                record(f"w1_{kind}", d["rate"], d)
+        d = w1_many(n, 1000)
+        record("w1_many", d["rate"], d)
 
+    def w1_enqueue(self, clients: int, key: str) -> None:
+        n = self.plan.tasks
+        d = w1_single(n if clients > 1 else n // 4, clients)
+        self.record(key, d["rate"], d)
 
+    def w1_pgqueuer(self, clients: int, key: str) -> None:
+        n = self.plan.tasks
+        d = self.pgqueuer.enqueue_single(n if clients > 1 else n // 4, clients)
+        self.record(key, d["rate"], d)
+
+    def w1_celery(self) -> None:
+        for broker in self.brokers:
+            d = self.celery.enqueue_single(self.plan.tasks // 4, broker)
+            self.record(f"w1_celery_{broker}", d["rate"], d)
+
+    def w1_tx(self) -> None:
+        d = w1_single(self.plan.tasks // 4, 1, "tx")
+        self.record("w1_tx", d["rate"], d)
+
+    def w1_tx_celery(self) -> None:
+        for broker in self.brokers:
+            d = self.celery.enqueue_single(self.plan.tasks // 4, broker, tx=True)
+            self.record(f"w1_tx_celery_{broker}", d["rate"], d)
+
+    # -- W2a and its variants ----------------------------------------------------------
+    def w2a(self) -> None:
+        d = drain(self.plan.tasks, 1)
+        self.record("w2a", d["rate"], d)
+        self.record("w2a_cpu", d["cpu_ms_per_task"], {})
+        self.record("w2a_wtx", d["write_txns_per_task"], {})
+
+    def w2a_pgqueuer(self) -> None:
+        d = self.pgqueuer.drain(self.plan.tasks)
+        self.record("w2a_peer", d["rate"], d)
+        self.record("w2a_peer_cpu", d["cpu_ms_per_task"], {})
+
+    def w2a_celery(self) -> None:
+        for broker in self.brokers:
+            for config in self.celery.CONFIGS:
+                d = self.celery.drain(self.plan.tasks, broker, config)
+                self.record(f"w2a_celery_{broker}_{config}", d["rate"], d)
+                self.record(f"w2a_celery_{broker}_{config}_cpu", d["cpu_ms_per_task"], {})
+
+    def w2a_keys(self) -> None:
+        n, record = self.plan.tasks, self.record
+        for kind in ("concurrency", "rate"):
+            d = drain(
+                n,
+                1,
+                enqueue=lambda kind=kind: enqueue_keyed(kind, n),
+                env={"PGQUEUE_BENCH_KEYS": "1"},
+            )
+            record(f"w2a_keys_{kind}", d["rate"], d)
+        d = key_claim_latency()
+        record("claim_plain_p50", d["plain_p50_ms"], d)
+        record("claim_plain_p99", d["plain_p99_ms"], {})
+        record("claim_limited_p50", d["limited_p50_ms"], {})
+        record("claim_limited_p99", d["limited_p99_ms"], {})
+        record("claim_keys_p50", d["keyed_p50_ms"], {})
+        record("claim_keys_p99", d["keyed_p99_ms"], {})
+        record("claim_busy_key_rounds", d["busy_rounds"], {})
+        record("claim_busy_key_round_p50", d["busy_round_p50_ms"], {})
+        record("claim_busy_key_round_max", d["busy_round_max_ms"], {})
+
+    def w2a_atomic(self) -> None:
+        n = self.plan.tasks
+        rates = {}
+        for how, key in (("plain", "w2a_insert"), ("transaction", "w2a_insert_txn"),
+                         ("atomic", "w2a_atomic")):  # fmt: skip
+            d = drain(n, 1, enqueue=lambda how=how: enqueue_inserts(n, how), env=ATOMIC_ENV)
+            d["rows"] = inserted_rows()
+            assert d["rows"] == n, f"W2a-atomic ({how}): {d['rows']} rows for {n} tasks"
+            rates[how] = d["rate"]
+            self.record(key, d["rate"], d)
+        self.record("w2a_atomic_ratio", rates["atomic"] / rates["plain"], {})
+
+    def w2a_tasklogs(self) -> None:
+        n = self.plan.tasks
+        rates = {}
+        for level, key in ((None, "w2a_chatty"), ("INFO", "w2a_tasklogs")):
+            env = {"PGQUEUE_BENCH_TASK_LOGS": level} if level else {}
+            d = drain(n, 1, enqueue=lambda: enqueue_chatty(n), env=env)
+            d["task_log_rows"] = task_log_rows()
+            expected = n if level else 0
+            assert d["task_log_rows"] == expected, f"W2a-tasklogs: {d['task_log_rows']} rows"
+            rates[key] = d["rate"]
+            self.record(key, d["rate"], d)
+        self.record("w2a_tasklogs_ratio", rates["w2a_tasklogs"] / rates["w2a_chatty"], {})
+
+    # -- W3 ----------------------------------------------------------------------------
+    def w3(self) -> None:
+        d = w3_latency(200, 0.05)
+        self.record("w3_p50", d["p50_ms"], d)
+        self.record("w3_p95", d["p95_ms"], {})
+        self.record("w3_p99", d["p99_ms"], {})
+        self.record("w3_commit_p50", d["from_commit_p50_ms"], {})
+        self.record("w3_commit_p99", d["from_commit_p99_ms"], {})
+        self.record("w3_enqueue_p50", d["enqueue_call_p50_ms"], {})
+
+    def w3_pgqueuer(self) -> None:
+        d = self.pgqueuer.latency(200, 0.05)
+        self.record("w3_peer_p50", d["p50_ms"], d)
+        self.record("w3_peer_p95", d["p95_ms"], {})
+        self.record("w3_peer_p99", d["p99_ms"], {})
+        self.record("w3_peer_commit_p50", d["from_commit_p50_ms"], {})
+        self.record("w3_peer_enqueue_p50", d["enqueue_call_p50_ms"], {})
+
+    def w3_celery(self) -> None:
+        for broker in self.brokers:
+            for pool in self.celery.POOLS:
+                d = self.celery.latency(200, 0.05, broker, pool)
+                self.record(f"w3_celery_{broker}_{pool}_p50", d["p50_ms"], d)
+                self.record(f"w3_celery_{broker}_{pool}_p99", d["p99_ms"], {})
+
+    # -- W6 to W9 ----------------------------------------------------------------------
+    def w6(self) -> None:
+        d = w6_recovery(8, self.plan.lease)
+        self.record("w6", d["seconds"], d)
+        # The target depends on the lease the workers ran with.
+        row = self.report.rows["w6"]
+        row.check = lambda v, r, limit=d["lease"] + 2: v <= limit
+        row.target = f"<= {d['lease'] + 2:g} s (lease + 2)"
+
+    def w7(self) -> None:
+        d = w7_soak(self.plan.soak_tasks)
+        self.record("w7_ratio", d["last_over_first"], d)
+        if d["rss_growth"] is not None:
+            self.record("w7_rss", d["rss_growth"], {})
+
+    def w8_claim(self) -> None:
+        d = w8_claim_latency(0)
+        self.record("w8_claim_empty_p50", d["p50_ms"], d)
+        self.record("w8_claim_empty_p99", d["p99_ms"], {})
+        d = w8_claim_latency(self.plan.terminal_rows)
+        self.record("w8_claim_full_p50", d["p50_ms"], d)
+        self.record("w8_claim_full_p99", d["p99_ms"], {})
+
+    def w9(self) -> None:
+        members = self.plan.members
+        plain = drain(members, 1)
+        self.record("w9_plain", plain["rate"], plain)
+        d = w9_fan_in(members)
+        self.record("w9_fan_in", d["rate"], d)
+        self.record("w9_fan_in_ratio", d["rate"] / plain["rate"], {})
+        self.record("w9_fan_in_lag", d["callback_start_lag_ms"], {})
+        self.record("w9_fan_in_enqueue", d["enqueue_callback_s"], {})
+        d = w9_chain(self.plan.steps)
+        self.record("w9_chain", d["seconds"], d)
+        self.record("w9_chain_handover", d["handover_p50_ms"], {})
