@@ -1,8 +1,8 @@
 """What the benchmarks share: the benchmark database and Django set up on it, worker
 processes, the CPU and write costs of a run, and the results table and its JSON.
 
-runner.py (``python -m benchmarks``) and the other benchmarks import from here; nothing
-here imports a benchmark.
+The suite (``python -m benchmarks``: runner.py, workloads.py, report.py) and the other
+benchmarks import from here; nothing here imports a benchmark.
 """
 
 from __future__ import annotations
