@@ -8,7 +8,6 @@ ways of enqueueing.
 from __future__ import annotations
 
 import itertools
-import multiprocessing
 import os
 import signal
 import time
@@ -26,6 +25,7 @@ from benchmarks.harness import (
     percentile,
     raw_connection,
     reset_queue,
+    run_clients,
     setup_django_child,
     wait_for,
     wait_idle_worker,
@@ -153,26 +153,8 @@ def w1_single(total: int, clients: int, kind: str = "enqueue") -> dict[str, Any]
     if kind == "tx":
         with raw_connection() as conn:
             conn.execute(ORDER_TABLE)
-    ctx = multiprocessing.get_context("spawn")
-    ready, results, go = ctx.Queue(), ctx.Queue(), ctx.Event()
     per = total // clients
-    procs = [
-        ctx.Process(
-            target=_enqueue_client,
-            args=(per, i * per, os.environ["DATABASE_URL"], ready, go, results, kind),
-        )
-        for i in range(clients)
-    ]
-    for p in procs:
-        p.start()
-    for _ in procs:
-        ready.get(timeout=60)
-    started = time.perf_counter()
-    go.set()
-    times = [results.get(timeout=600) for _ in procs]
-    wall = time.perf_counter() - started
-    for p in procs:
-        p.join()
+    wall, times = run_clients(_enqueue_client, clients, per, kind)
     # The clients' warm-up calls enqueue -1; an encrypted one's args are sealed.
     warm_ups = clients if kind == "encrypted" else 0
     with raw_connection() as conn:
