@@ -390,6 +390,8 @@ class Report:
         self.raw: dict[str, list[Any]] = {key: [] for key in rows}
 
     def record(self, key: str, value: float, detail: Any) -> None:
+        """A sample of a row, with what the workload returned, and its line (a drain's
+        with its CPU and write costs per task)."""
         rows = self.rows
         rows[key].samples.append(value)
         self.raw[key].append(detail)
