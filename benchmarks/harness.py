@@ -1,13 +1,14 @@
 """What the benchmarks share: the benchmark database and Django set up on it, worker
 processes, the CPU and write costs of a run, and the results table and its JSON.
 
-runner.py (``python -m benchmarks``) and the other benchmarks import from here; nothing
-here imports a benchmark.
+The suite (``python -m benchmarks``: runner.py, workloads.py, report.py) and the other
+benchmarks import from here; nothing here imports a benchmark.
 """
 
 from __future__ import annotations
 
 import json
+import multiprocessing
 import os
 import re
 import signal
@@ -281,6 +282,36 @@ def setup_django_child(url: str) -> None:
     import django
 
     django.setup()
+
+
+def run_clients(
+    client: Callable[..., None], clients: int, per: int, *args: Any
+) -> tuple[float, list[float]]:
+    """``clients`` processes of ``client(per, offset, url, ready, go, results, *args)``, each
+    making ``per`` calls from its own ``offset``: each puts on ``ready`` once connected and
+    warmed up, waits for ``go``, and puts its own time on ``results``. Returns the wall time
+    from the go to the last client's result, and the clients' own times."""
+    # spawn, not fork: a forked client would inherit the parent's open database connections.
+    ctx = multiprocessing.get_context("spawn")
+    ready, results, go = ctx.Queue(), ctx.Queue(), ctx.Event()
+    procs = [
+        ctx.Process(
+            target=client,
+            args=(per, i * per, os.environ["DATABASE_URL"], ready, go, results, *args),
+        )
+        for i in range(clients)
+    ]
+    for p in procs:
+        p.start()
+    for _ in procs:
+        ready.get(timeout=60)
+    started = time.perf_counter()
+    go.set()
+    times = [results.get(timeout=600) for _ in procs]
+    wall = time.perf_counter() - started
+    for p in procs:
+        p.join()
+    return wall, times
 
 
 @dataclass

@@ -2,7 +2,7 @@
 
 Loaded by the workers only when PGQUEUE_BENCH_KEYS=1 (benchmarks/settings.py): a key on
 any task of the default queue makes every claim of the queue a limited claim. The rows
-are written by SQL with their key (runner.enqueue_keyed), one of 10,000 keys each.
+are written by SQL with their key (workloads.enqueue_keyed), one of 10,000 keys each.
 """
 
 from django_pgqueue import task

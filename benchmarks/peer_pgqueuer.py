@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import multiprocessing
 import os
 import subprocess
 import sys
@@ -36,6 +35,7 @@ from benchmarks.harness import (
     cpu_seconds,
     percentile,
     raw_connection,
+    run_clients,
     setup_django_child,
     wait_for,
     write_position,
@@ -193,26 +193,8 @@ def enqueue_single(total: int, clients: int) -> dict[str, Any]:
     """``Queries.enqueue("noop", payload)``, one job and one transaction per call, from
     ``clients`` processes (as W1 measures ``noop.enqueue(i)``)."""
     reset()
-    ctx = multiprocessing.get_context("spawn")
-    ready, results, go = ctx.Queue(), ctx.Queue(), ctx.Event()
     per = total // clients
-    procs = [
-        ctx.Process(
-            target=_enqueue_client,
-            args=(per, i * per, os.environ["DATABASE_URL"], ready, go, results),
-        )
-        for i in range(clients)
-    ]
-    for p in procs:
-        p.start()
-    for _ in procs:
-        ready.get(timeout=60)
-    started = time.perf_counter()
-    go.set()
-    times = [results.get(timeout=600) for _ in procs]
-    wall = time.perf_counter() - started
-    for p in procs:
-        p.join()
+    wall, times = run_clients(_enqueue_client, clients, per)
     with raw_connection() as conn:
         (written,) = conn.execute("SELECT count(*) FROM pgqueuer WHERE payload <> '-1'").fetchone()
     return {"rate": per * clients / wall, "wall": wall, "slowest_client": max(times),

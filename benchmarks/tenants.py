@@ -17,7 +17,7 @@ started). Each run measures, on the same database:
    worker starts) while the same 50 keys enqueue as in 1: their wait from due to start,
    over the tasks due while A still had due work; and the drain: every task settled per
    second from the first start to A's last settlement.
-3. **W2a.** The plain drain of as many no-op tasks (benchmarks/runner.py: ``drain``).
+3. **W2a.** The plain drain of as many no-op tasks (benchmarks/workloads.py: ``drain``).
 
 Targets: the other keys' p99 beside the backlog at most 2x their p99 on the empty
 queue; the drain beside them at least 0.9x W2a. ``--scale`` shrinks the backlog (and
@@ -50,7 +50,7 @@ from benchmarks.harness import (
     wait_for,
     write_results,
 )
-from benchmarks.runner import drain
+from benchmarks.workloads import drain
 
 BACKLOG = 200_000
 KEYS = 50
