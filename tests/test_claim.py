@@ -229,6 +229,17 @@ def test_a_paused_queue_is_claimed_by_neither_claim_until_resumed(pg, statement)
 
 
 @pytest.mark.parametrize("statement", ["claim", "claim_plain"])
+def test_neither_claim_takes_a_task_of_the_same_name_in_a_queue_it_does_not_serve(
+    pg, statement
+):
+    elsewhere = tasks.noop.using(queue="other").enqueue_many(range(3))
+    ids = tasks.noop.enqueue_many(range(3))
+
+    assert sorted(claim_with(pg, statement)) == ids
+    assert Task.objects.filter(id__in=elsewhere, state="pending").count() == 3
+
+
+@pytest.mark.parametrize("statement", ["claim", "claim_plain"])
 def test_a_pause_of_another_queue_holds_back_nothing_here(pg, statement):
     ids = tasks.noop.enqueue_many(range(3))
     operations.pause("other")

@@ -277,6 +277,20 @@ def test_tasks_of_a_fair_task_enqueued_without_a_key_run_when_the_keyed_leave_ro
 
 
 @pytest.mark.usefixtures("fair_statement")
+def test_tasks_of_a_queue_the_fair_claim_does_not_serve_are_left_alone(pg):
+    # fair tasks (claimed by key) and plain ones beside them (claimed in order)
+    elsewhere = [*fair_job.using(queue="other").enqueue_many([("acme", n) for n in range(3)]),
+                 *tasks.noop.using(queue="other").enqueue_many(range(3))]
+    ids = [*fair_job.enqueue_many([("acme", n) for n in range(3)]),
+           *tasks.noop.enqueue_many(range(3))]
+
+    claimed = fair_claim(pg, 20, routes=[FAIR_JOB, (tasks.noop.name, tasks.noop.version)])
+
+    assert sorted(t.id for t in claimed) == sorted(ids)
+    assert Task.objects.filter(id__in=elsewhere, state="pending").count() == 6
+
+
+@pytest.mark.usefixtures("fair_statement")
 def test_a_paused_queue_holds_back_its_fair_tasks_until_resumed(pg):
     ids = fair_job.enqueue_many([("acme", n) for n in range(3)])
     operations.pause("default")
