@@ -240,6 +240,24 @@ def test_neither_claim_takes_a_task_of_the_same_name_in_a_queue_it_does_not_serv
 
 
 @pytest.mark.parametrize("statement", ["claim", "claim_plain"])
+def test_neither_claim_takes_a_version_of_a_task_the_worker_does_not_run(pg, statement):
+    # Given rows of a task's version 1 and 2, and a worker that runs only version 1 (an
+    # old release beside a new one in a rolling deploy)
+    old = tasks.versioned_v1.enqueue_many([()] * 3)
+    tasks.versioned.enqueue_many([()] * 3)
+    params = {
+        **route_params(["default"], [(tasks.versioned_v1.name, 1)], 3600),
+        "look_for_starving": statement == "claim",
+        "limit": 10, "token": str(uuid.uuid4()), "lease_seconds": 30, "worker_id": "w1",
+    }  # fmt: skip
+    assert claim_statement(params) == statement
+
+    # When it claims, then it takes only the rows of its version
+    claimed = sql.execute(pg, statement, params, row_factory=claimed_rows).fetchall()
+    assert sorted(t.id for t in claimed) == old
+
+
+@pytest.mark.parametrize("statement", ["claim", "claim_plain"])
 def test_a_pause_of_another_queue_holds_back_nothing_here(pg, statement):
     ids = tasks.noop.enqueue_many(range(3))
     operations.pause("other")

@@ -291,6 +291,20 @@ def test_tasks_of_a_queue_the_fair_claim_does_not_serve_are_left_alone(pg):
 
 
 @pytest.mark.usefixtures("fair_statement")
+def test_rows_of_a_version_the_worker_does_not_run_are_left_alone(pg):
+    # Given fair and plain rows, half of each written by a release with version 2 of
+    # their task, which this worker does not run
+    ids = [*fair_job.enqueue_many([("acme", n) for n in range(6)]),
+           *tasks.noop.enqueue_many(range(6))]
+    newer = ids[3:6] + ids[9:]
+    Task.objects.filter(id__in=newer).update(handler_version=2)
+
+    claimed = fair_claim(pg, 20, routes=[FAIR_JOB, (tasks.noop.name, tasks.noop.version)])
+
+    assert sorted(t.id for t in claimed) == sorted(set(ids) - set(newer))
+
+
+@pytest.mark.usefixtures("fair_statement")
 def test_a_paused_queue_holds_back_its_fair_tasks_until_resumed(pg):
     ids = fair_job.enqueue_many([("acme", n) for n in range(3)])
     operations.pause("default")
