@@ -305,6 +305,21 @@ def test_rows_of_a_version_the_worker_does_not_run_are_left_alone(pg):
 
 
 @pytest.mark.usefixtures("fair_statement")
+def test_a_task_no_longer_fair_is_claimed_in_order_though_its_rows_hold_keys(pg):
+    # Given rows of a task that an earlier release declared fair (they hold keys and
+    # places: the last enqueued first), which this worker's release does not
+    ids = tasks.noop.enqueue_many(range(6))
+    Task.objects.filter(id__in=ids).update(fair_key="customer:old")
+    pg.execute("UPDATE pgqueue_task SET fair_tag = 100 - id WHERE id = ANY(%s)", [ids])
+
+    # When a worker that also runs a fair task claims 3
+    claimed = fair_claim(pg, 3, routes=[FAIR_JOB, (tasks.noop.name, tasks.noop.version)])
+
+    # Then it takes them in order, as any task that is not fair
+    assert sorted(t.id for t in claimed) == ids[:3]
+
+
+@pytest.mark.usefixtures("fair_statement")
 def test_a_paused_queue_holds_back_its_fair_tasks_until_resumed(pg):
     ids = fair_job.enqueue_many([("acme", n) for n in range(3)])
     operations.pause("default")
