@@ -67,6 +67,7 @@ COVERAGE: dict[str, list[str]] = {
     "recover_expired_leases": [*FENCE_TESTS, "tests/test_crash.py"],
     "claim": [
         "tests/test_claim.py",
+        "tests/test_fair.py",
         "tests/test_routing.py",
         "tests/test_limits.py",
         "tests/test_key_rates.py",
