@@ -24,6 +24,16 @@ def fair_other(customer: str, n: int = 0) -> int:
     return n
 
 
+@task(name="tests.fair_versioned", version=1, fair_key=lambda customer: customer)
+def fair_versioned_v1(customer: str) -> None:
+    """Version 1 of a fair task whose version 2 runs beside it."""
+
+
+@task(name="tests.fair_versioned", version=2, fair_key=lambda customer: customer)
+def fair_versioned(customer: str) -> None:
+    """Version 2 of tests.fair_versioned."""
+
+
 @task(takes_context=True, fair_key=lambda customer, n, seconds=0.005: customer)
 def fair_run(context: TaskContext, customer: str, n: int, seconds: float = 0.005) -> int:
     """A fair ledger run (tests/ledger.py): its start and end recorded outside the

@@ -31,7 +31,7 @@ from django_pgqueue.worker.stats import WorkerStats
 from tests import ledger, tasks
 from tests.conftest import wait_until
 from tests.sqlhelpers import all_routes, claim, settle, success
-from tests.tenant_tasks import fair_job, fair_other, fair_run
+from tests.tenant_tasks import fair_job, fair_other, fair_run, fair_versioned, fair_versioned_v1
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -317,6 +317,45 @@ def test_a_task_no_longer_fair_is_claimed_in_order_though_its_rows_hold_keys(pg)
 
     # Then it takes them in order, as any task that is not fair
     assert sorted(t.id for t in claimed) == ids[:3]
+
+
+@pytest.mark.usefixtures("fair_statement")
+def test_a_claimed_or_finished_row_is_not_claimed_again_fair_or_not(pg):
+    routes = [FAIR_JOB, (tasks.noop.name, tasks.noop.version)]
+    ids = [*fair_job.enqueue_many([("acme", n) for n in range(3)]),
+           *tasks.noop.enqueue_many(range(3))]
+
+    first = fair_claim(pg, 20, routes)
+    assert sorted(t.id for t in first) == ids
+    assert fair_claim(pg, 20, routes) == []  # running
+
+    settle(pg, [success(t) for t in first])
+    assert fair_claim(pg, 20, routes) == []  # succeeded
+
+
+@pytest.mark.usefixtures("fair_statement")
+def test_a_fair_tasks_rows_without_a_key_are_not_crowded_out_by_its_keyed_rows_elsewhere(
+    pg,
+):
+    # Given rows of a fair task without a key (enqueued before it was fair), and keyed
+    # rows of the same task in another queue of the worker, or of another version it runs
+    def claimed_beside(keyed: list[int], unkeyed: list[int], routes) -> None:
+        Task.objects.filter(id__in=unkeyed).update(fair_key=None, fair_tag=None)
+        claimed = claim(pg, 6, queue=["default", "other"], routes=routes, fair=True,
+                        look_for_starving=STATEMENT["name"] == "claim",
+                        statement=STATEMENT["name"])
+        # Then the unkeyed rows share the claim with the keyed ones: the keyed rows
+        # count against their own route's limit, not against another's
+        taken = {t.id for t in claimed}
+        assert taken & set(unkeyed) and taken & set(keyed), (taken, keyed, unkeyed)
+        pg.execute("DELETE FROM pgqueue_task")
+
+    claimed_beside(fair_job.enqueue_many([("acme", n) for n in range(6)]),
+                   fair_job.using(queue="other").enqueue_many([("acme", n) for n in range(3)]),
+                   [FAIR_JOB])
+    claimed_beside(fair_versioned.enqueue_many([("acme",)] * 6),
+                   fair_versioned_v1.enqueue_many([("acme",)] * 3),
+                   [(fair_versioned.name, 1), (fair_versioned.name, 2)])
 
 
 @pytest.mark.usefixtures("fair_statement")
