@@ -5,7 +5,7 @@ Each is made of ordinary enqueues in the caller's transaction, tied by ``after=`
 it and the database moves each step on when its parents end (the
 pgqueue_release_dependents trigger), with no coordinator process::
 
-    from django_pgqueue.workflows import chain, chord, group
+    from django_pgqueue.tasking.workflows import chain, chord, group
 
     chain(fetch.step(url), parse.step(), store.step())     # one after the other
     group(resize.step(img, size) for size in (64, 256))    # side by side
@@ -21,10 +21,10 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from django_pgqueue.conf import database_for
-from django_pgqueue.exceptions import InvalidTaskError
-from django_pgqueue.options import call
-from django_pgqueue.registry import Step as Step
+from django_pgqueue.core.conf import database_for
+from django_pgqueue.core.exceptions import InvalidTaskError
+from django_pgqueue.core.options import call
+from django_pgqueue.tasking.registry import Step as Step
 
 
 def _steps(steps: Iterable[Step], what: str, extra: Iterable[Step] = ()) -> list[Step]:

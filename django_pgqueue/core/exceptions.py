@@ -145,3 +145,4 @@ class Cancelled(HandlerSignal):
 
     def __init__(self, reason: str = "cancelled") -> None:
         super().__init__(reason)
+

@@ -33,11 +33,11 @@ from django.core.exceptions import ImproperlyConfigured
 from django.core.signals import setting_changed
 from django.utils.module_loading import import_string
 
-from django_pgqueue.conf import get_setting
-from django_pgqueue.context import TaskContext
-from django_pgqueue.exceptions import InvalidTaskError
-from django_pgqueue.options import OPTION_NAMES
-from django_pgqueue.registry import TaskDefinition
+from django_pgqueue.core.conf import get_setting
+from django_pgqueue.core.exceptions import InvalidTaskError
+from django_pgqueue.core.options import OPTION_NAMES
+from django_pgqueue.tasking.context import TaskContext
+from django_pgqueue.tasking.registry import TaskDefinition
 
 
 class TaskMiddleware:

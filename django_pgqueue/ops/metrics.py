@@ -34,11 +34,11 @@ from prometheus_client import REGISTRY, CollectorRegistry
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from django_pgqueue.conf import get_settings, read_database
-from django_pgqueue.limits import queue_limits
+from django_pgqueue.core.conf import get_settings, read_database
+from django_pgqueue.core.limits import queue_limits
 
 if TYPE_CHECKING:
-    from django_pgqueue.operations import ReplicaLag
+    from django_pgqueue.ops.operations import ReplicaLag
 
 logger = logging.getLogger("django_pgqueue.metrics")
 
@@ -162,8 +162,8 @@ class QueueCollector(Collector):
         """The reads of every alias with a task table (PGQUEUE['DATABASES']), each on
         its read database, concatenated: queue names are per deployment, so the gauges
         keep their labels. A queue's pause comes from its own database."""
-        from django_pgqueue.conf import queue_databases
-        from django_pgqueue.operations import (
+        from django_pgqueue.core.conf import queue_databases
+        from django_pgqueue.ops.operations import (
             own_pauses,
             queue_capacity,
             queue_overview,
@@ -225,7 +225,7 @@ def queue_metric_families(
 ) -> list[Metric]:
     """The gauges for one read of ``queue_overview``, ``queue_capacity`` and
     ``pauses``, with the limits of QUEUE_LIMITS."""
-    from django_pgqueue.overview import WAIT_REASONS, group_by_queue
+    from django_pgqueue.ops.overview import WAIT_REASONS, group_by_queue
 
     task_families = {
         key: GaugeMetricFamily(name, documentation, labels=["queue", "task_name"])
@@ -321,8 +321,8 @@ class DoctorCollector(Collector):
     def _read(self) -> list[Metric]:
         from django.db import connections
 
-        from django_pgqueue import doctor
-        from django_pgqueue.conf import queue_databases
+        from django_pgqueue.core.conf import queue_databases
+        from django_pgqueue.ops import doctor
 
         try:
             findings = doctor.diagnose()
@@ -341,7 +341,7 @@ class DoctorCollector(Collector):
 def doctor_families(findings: Iterable[Any]) -> Metric:
     """The findings counted by (check, severity); a warning and a problem series for
     every check the doctor has, so that an alert sees one go back to 0."""
-    from django_pgqueue import doctor
+    from django_pgqueue.ops import doctor
 
     counts = {(check, s): 0 for check in doctor.CHECK_IDS for s in (doctor.WARNING, doctor.PROBLEM)}
     for finding in findings:

@@ -21,17 +21,17 @@ from typing import Any, TypeVar, overload
 
 from django.core.exceptions import ImproperlyConfigured
 
-from django_pgqueue.exceptions import InvalidTaskError
-from django_pgqueue.payload import check_text
-from django_pgqueue.registry import TaskDefinition
-from django_pgqueue.reprs import short_repr
-from django_pgqueue.runtime_schedules import runtime_definition
-from django_pgqueue.schedule import CATCH_UP_LIMIT_MAX as CATCH_UP_LIMIT_MAX
-from django_pgqueue.schedule import NAME_MAX_LENGTH as NAME_MAX_LENGTH
-from django_pgqueue.schedule import ScheduleDefinition as ScheduleDefinition
-from django_pgqueue.schedule import ScheduleNotDeclared as ScheduleNotDeclared
-from django_pgqueue.schedule import ScheduleRegistry as ScheduleRegistry
-from django_pgqueue.schedule import (
+from django_pgqueue.core.exceptions import InvalidTaskError
+from django_pgqueue.core.payload import check_text
+from django_pgqueue.core.reprs import short_repr
+from django_pgqueue.tasking.registry import TaskDefinition
+from django_pgqueue.tasking.runtime_schedules import runtime_definition
+from django_pgqueue.tasking.schedule import CATCH_UP_LIMIT_MAX as CATCH_UP_LIMIT_MAX
+from django_pgqueue.tasking.schedule import NAME_MAX_LENGTH as NAME_MAX_LENGTH
+from django_pgqueue.tasking.schedule import ScheduleDefinition as ScheduleDefinition
+from django_pgqueue.tasking.schedule import ScheduleNotDeclared as ScheduleNotDeclared
+from django_pgqueue.tasking.schedule import ScheduleRegistry as ScheduleRegistry
+from django_pgqueue.tasking.schedule import (
     check_args,
     check_catch_up_limit,
     check_missed,
@@ -190,7 +190,7 @@ def run_now(name: str) -> int:
 
 def _runtime(name: str) -> ScheduleDefinition | None:
     """The runtime schedule of this name, from its row on a database with a task table."""
-    from django_pgqueue.conf import queue_databases
+    from django_pgqueue.core.conf import queue_databases
     from django_pgqueue.models import Schedule
 
     for alias in queue_databases():
@@ -218,7 +218,7 @@ def schedules(using: str | None = None) -> list[dict[str, Any]]:
     """
     from django.utils import timezone
 
-    from django_pgqueue.conf import database_for, queue_databases, read_database
+    from django_pgqueue.core.conf import database_for, queue_databases, read_database
     from django_pgqueue.models import Schedule
 
     declared = {s.name: s for s in schedule_registry.all()}

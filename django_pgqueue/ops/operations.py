@@ -21,18 +21,16 @@ from typing import TYPE_CHECKING, Any, Literal, TypedDict, cast
 import psycopg
 from django.db import IntegrityError, connections, transaction
 
-from django_pgqueue import encryption, retention
-from django_pgqueue.archive import Archive
-from django_pgqueue.conf import database_for, get_settings, queue_databases, read_database
-from django_pgqueue.exceptions import (
+from django_pgqueue.core.conf import database_for, get_settings, queue_databases, read_database
+from django_pgqueue.core.exceptions import (
     EncryptionError,
     InvalidTaskError,
     PayloadTooLarge,
     TaskDoesNotExist,
 )
-from django_pgqueue.fairness import validate_pattern, validate_weight
-from django_pgqueue.options import validate_queue, validate_task_name
-from django_pgqueue.payload import (
+from django_pgqueue.core.fairness import validate_pattern, validate_weight
+from django_pgqueue.core.options import validate_queue, validate_task_name
+from django_pgqueue.core.payload import (
     SIGNAL_LIMIT,
     check_json,
     check_size,
@@ -40,7 +38,10 @@ from django_pgqueue.payload import (
     dumps,
     short_repr,
 )
-from django_pgqueue.sql import QUERIES
+from django_pgqueue.db import encryption
+from django_pgqueue.db.sql import QUERIES
+from django_pgqueue.ops import retention
+from django_pgqueue.ops.archive import Archive
 
 if TYPE_CHECKING:
     from django_pgqueue.models import Task
@@ -519,7 +520,7 @@ def _revive(
 ) -> Revived:
     """Run a revive (retry_now, requeue_dead) in a savepoint. If a task made live by
     another transaction after the statement began took the unique key of a row it was
-    reviving (see retry_now in sql/queries.sql), the rows are revived one at a time
+    reviving (see retry_now in db/sql/queries.sql), the rows are revived one at a time
     instead, newest first, each in a savepoint: each statement sees the rows the ones
     before it revived, and the task that won the key."""
     alias = _alias(database)

@@ -31,10 +31,10 @@ from typing import (
 
 from django.core.exceptions import ImproperlyConfigured
 
-from django_pgqueue.conf import SETTINGS_BY_NAME, get_settings
-from django_pgqueue.exceptions import InvalidTaskError, TaskNotRegistered
-from django_pgqueue.limits import Rate, parse_rate
-from django_pgqueue.options import (
+from django_pgqueue.core.conf import SETTINGS_BY_NAME, get_settings
+from django_pgqueue.core.exceptions import InvalidTaskError, TaskNotRegistered
+from django_pgqueue.core.limits import Rate, parse_rate
+from django_pgqueue.core.options import (
     AFTER_FAILURE,
     ON_FAILURE,
     OPTION_NAMES,
@@ -64,20 +64,20 @@ from django_pgqueue.options import (
     validate_unique_for,
     validate_unique_states,
 )
-from django_pgqueue.options import LIVE_STATES as LIVE_STATES
-from django_pgqueue.options import MAX_ATTEMPTS_LIMIT as MAX_ATTEMPTS_LIMIT
-from django_pgqueue.options import PRIORITY_MAX as PRIORITY_MAX
-from django_pgqueue.options import PRIORITY_MIN as PRIORITY_MIN
-from django_pgqueue.options import TASK_NAME_MAX_LENGTH as TASK_NAME_MAX_LENGTH
-from django_pgqueue.options import TASK_STATES as TASK_STATES
-from django_pgqueue.options import call as call
-from django_pgqueue.options import in_utc as in_utc
-from django_pgqueue.reprs import short_repr
-from django_pgqueue.retry import RetryPolicy
+from django_pgqueue.core.options import LIVE_STATES as LIVE_STATES
+from django_pgqueue.core.options import MAX_ATTEMPTS_LIMIT as MAX_ATTEMPTS_LIMIT
+from django_pgqueue.core.options import PRIORITY_MAX as PRIORITY_MAX
+from django_pgqueue.core.options import PRIORITY_MIN as PRIORITY_MIN
+from django_pgqueue.core.options import TASK_NAME_MAX_LENGTH as TASK_NAME_MAX_LENGTH
+from django_pgqueue.core.options import TASK_STATES as TASK_STATES
+from django_pgqueue.core.options import call as call
+from django_pgqueue.core.options import in_utc as in_utc
+from django_pgqueue.core.reprs import short_repr
+from django_pgqueue.core.retry import RetryPolicy
 
 if TYPE_CHECKING:
-    from django_pgqueue.batch import BatchCall
-    from django_pgqueue.context import TaskContext
+    from django_pgqueue.tasking.batch import BatchCall
+    from django_pgqueue.tasking.context import TaskContext
 
 # A task's parameters (what enqueue, step and a direct call take) and its function's
 # return type (for an async def, the coroutine: what a direct call returns). R is
@@ -290,13 +290,13 @@ class TaskDefinition(Generic[P, R]):
     # import contracts (docs/architecture.md).
     def enqueue(self, /, *args: P.args, **kwargs: P.kwargs) -> int:
         """Insert the task in the current transaction; returns its id."""
-        from django_pgqueue.enqueue import enqueue
+        from django_pgqueue.tasking.enqueue import enqueue
 
         return enqueue(self, args, kwargs)
 
     def enqueue_on_commit(self, /, *args: P.args, **kwargs: P.kwargs) -> int:
         """Insert the task when the outermost atomic block commits; returns its id now."""
-        from django_pgqueue.enqueue import enqueue_on_commit
+        from django_pgqueue.tasking.enqueue import enqueue_on_commit
 
         return enqueue_on_commit(self, args, kwargs)
 
@@ -314,7 +314,7 @@ class TaskDefinition(Generic[P, R]):
         a type checker accepts any item: the items' fit to the function is not checked
         statically).
         """
-        from django_pgqueue.enqueue import enqueue_many
+        from django_pgqueue.tasking.enqueue import enqueue_many
 
         return enqueue_many(self, calls)
 
