@@ -45,9 +45,13 @@ from django_pgqueue.ops.operations import (
     resume,
     signal,
 )
+
+# From the public path, not tasking.periodic: importing it binds the attribute
+# django_pgqueue.periodic to that submodule, which this import then replaces with the
+# function for good (docs/periodic.md); a later first import of the submodule would not.
+from django_pgqueue.periodic import periodic
 from django_pgqueue.tasking.batch import BatchCall
 from django_pgqueue.tasking.context import TaskContext
-from django_pgqueue.tasking.periodic import periodic
 from django_pgqueue.tasking.registry import TaskDefinition, task
 from django_pgqueue.tasking.runtime_schedules import (
     InvalidScheduleError,

@@ -146,3 +146,13 @@ class Cancelled(HandlerSignal):
     def __init__(self, reason: str = "cancelled") -> None:
         super().__init__(reason)
 
+
+# Rows name an exception class by ``module.qualname``: an error's type, and a task's
+# retry_on and discard_on rules (retry.exception_name), which a worker compares with
+# the raised exception's classes. These classes keep the name of their public path
+# (django_pgqueue/exceptions.py), so a rule or an error stored by an earlier release
+# still matches, and an error names a path a project can import.
+for _class in list(globals().values()):
+    if isinstance(_class, type) and _class.__module__ == __name__:
+        _class.__module__ = "django_pgqueue.exceptions"
+del _class
