@@ -85,7 +85,7 @@ def main() -> None:
     from django.test import Client
     from django.test.utils import setup_test_environment
 
-    from django_pgqueue.conf import get_settings
+    from django_pgqueue.core.conf import get_settings
 
     settings.ALLOWED_HOSTS = ["*"]
     setup_test_environment()

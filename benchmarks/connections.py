@@ -237,7 +237,7 @@ def run_case(observer: Observer, case: Case, rounds: int, seconds: float) -> dic
     from django.db import connections
 
     from django_pgqueue import pause, resume
-    from django_pgqueue.conf import get_settings
+    from django_pgqueue.core.conf import get_settings
 
     tasks = case.concurrency * rounds
     observer.bench.execute(

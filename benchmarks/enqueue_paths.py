@@ -49,10 +49,10 @@ def variants() -> dict[str, tuple[str, Variant]]:
     from django.db import connection, transaction
 
     from benchmarks.tasks import noop
-    from django_pgqueue.conf import database_for
-    from django_pgqueue.enqueue import build_row, check_transaction
-    from django_pgqueue.payload import check_json, dumps
-    from django_pgqueue.sql import QUERIES
+    from django_pgqueue.core.conf import database_for
+    from django_pgqueue.core.payload import check_json, dumps
+    from django_pgqueue.db.sql import QUERIES
+    from django_pgqueue.tasking.enqueue import build_row, check_transaction
 
     query = QUERIES["enqueue"]
     # The same statement with positional parameters, for the floor: what is left when
@@ -235,11 +235,11 @@ def micro(iterations: int = 20_000) -> dict[str, float]:
     from django.db import connection, connections
 
     from benchmarks.tasks import noop
-    from django_pgqueue.conf import database_for
-    from django_pgqueue.enqueue import build_row, check_transaction
-    from django_pgqueue.payload import check_json, dumps
-    from django_pgqueue.sql import QUERIES
-    from django_pgqueue.tracing import trace_context
+    from django_pgqueue.core.conf import database_for
+    from django_pgqueue.core.payload import check_json, dumps
+    from django_pgqueue.db.sql import QUERIES
+    from django_pgqueue.tasking.enqueue import build_row, check_transaction
+    from django_pgqueue.tasking.tracing import trace_context
 
     connection.ensure_connection()
     row = build_row(noop, (1,), {})

@@ -2,7 +2,7 @@
 ``@task`` (django.tasks on Django 6, the django_tasks backport on 5.2), enqueued through
 ``django_pgqueue.backends.PgQueueBackend`` (TASKS in benchmarks/settings.py)."""
 
-from django_pgqueue.compat import task
+from django_pgqueue.core.compat import task
 
 
 @task

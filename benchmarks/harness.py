@@ -41,7 +41,7 @@ def prepare_database() -> str:
         server_url = re.sub(r"/[^/?]*(\?|$)", r"/postgres\1", base, count=1)
         bench_url = re.sub(r"/[^/?]*(\?|$)", rf"/{BENCH_DB}\1", base, count=1)
     else:
-        from django_pgqueue.embedded import embedded_database_url
+        from django_pgqueue.core.embedded import embedded_database_url
 
         server_url = embedded_database_url(REPO / ".pgdata" / "bench", dbname="postgres")
         bench_url = server_url.replace("/postgres?", f"/{BENCH_DB}?", 1)

@@ -162,13 +162,13 @@ class BackendProfile(threading.Thread):
     """Every ``interval`` seconds, the CPU each PostgreSQL process of this database used
     since the last look (/proc/<pid>/stat), put down to what the backend is (ROLE_OF,
     from the statements it has been seen running; a server process by its type), and
-    which statements (of django_pgqueue/sql/queries.sql) were running at that moment,
+    which statements (of django_pgqueue/db/sql/queries.sql) were running at that moment,
     as a sampling profile; also the phase of a VACUUM of the task table in progress.
     ``take()`` returns and resets the totals since the last call."""
 
     def __init__(self, interval: float = 0.2) -> None:
         super().__init__(name="backend-profile", daemon=True)
-        from django_pgqueue.sql import QUERIES
+        from django_pgqueue.db.sql import QUERIES
 
         self.interval = interval
         self._names = {name: _normalized(text)[:200] for name, text in QUERIES.items()}

@@ -4,8 +4,8 @@ machinery alone (a TaskContext per task, one closure per middleware)."""
 from collections.abc import Callable
 from typing import Any
 
-from django_pgqueue.context import TaskContext
-from django_pgqueue.middleware import TaskMiddleware
+from django_pgqueue.tasking.context import TaskContext
+from django_pgqueue.tasking.middleware import TaskMiddleware
 
 
 class Passthrough(TaskMiddleware):

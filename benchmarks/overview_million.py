@@ -98,10 +98,10 @@ def main() -> None:
     from django.test.utils import setup_test_environment
     from prometheus_client import CollectorRegistry, generate_latest
 
-    from django_pgqueue.metrics import QueueCollector
-    from django_pgqueue.operations import queue_capacity, queue_history, queue_overview
-    from django_pgqueue.overview import build_overview
-    from django_pgqueue.sql import QUERIES
+    from django_pgqueue.db.sql import QUERIES
+    from django_pgqueue.ops.metrics import QueueCollector
+    from django_pgqueue.ops.operations import queue_capacity, queue_history, queue_overview
+    from django_pgqueue.ops.overview import build_overview
 
     call_command("migrate", verbosity=0)
     with connection.cursor() as cursor:

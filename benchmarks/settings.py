@@ -16,7 +16,7 @@ DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 if os.environ.get("DATABASE_URL"):
     DATABASES = {"default": environ.Env.db_url_config(os.environ["DATABASE_URL"])}
 else:
-    from django_pgqueue.embedded import embedded_database_url
+    from django_pgqueue.core.embedded import embedded_database_url
 
     DATABASES = {
         "default": environ.Env.db_url_config(

@@ -320,8 +320,8 @@ def inserted_rows() -> int:
 def w8_claim_latency(terminal_rows: int, samples: int = 500) -> dict[str, Any]:
     """The claim statement alone (limit 10, as a worker runs it), timed on a worker
     connection, with ``terminal_rows`` finished rows in the table."""
-    from django_pgqueue.registry import registry
-    from django_pgqueue.sql import QUERIES
+    from django_pgqueue.tasking.registry import registry
+    from django_pgqueue.db.sql import QUERIES
     from django_pgqueue.worker.claimer import route_params
     from django_pgqueue.worker.connection import connect
 
@@ -384,8 +384,8 @@ def key_claim_latency(keys: int = 10_000, samples: int = 500) -> dict[str, Any]:
     with a per-key rate that never binds; p50 and p99. Then a busy key: ``keys`` rows of one key
     out of budget ahead of other keys' rows, and the claims it takes to reach them
     (each claim, and the setting aside that follows it, in its transaction)."""
-    from django_pgqueue.limits import QueueLimit, parse_rate
-    from django_pgqueue.sql import QUERIES
+    from django_pgqueue.core.limits import QueueLimit, parse_rate
+    from django_pgqueue.db.sql import QUERIES
     from django_pgqueue.worker.claimer import SNOOZE_BATCH, route_params
     from django_pgqueue.worker.connection import connect
 
@@ -508,7 +508,7 @@ def w9_fan_in(members: int) -> dict[str, Any]:
     from django.db import transaction
 
     from benchmarks.tasks import fan_in, noop
-    from django_pgqueue.workflows import group
+    from django_pgqueue.tasking.workflows import group
 
     enqueued: dict[str, Any] = {}
 
@@ -552,7 +552,7 @@ def w9_chain(steps: int) -> dict[str, Any]:
     from django.db import transaction
 
     from benchmarks.tasks import noop
-    from django_pgqueue.workflows import chain
+    from django_pgqueue.tasking.workflows import chain
 
     enqueued: dict[str, Any] = {}
 

@@ -22,9 +22,7 @@ modules' layers, and what may import what: docs/architecture.md.
 # The release, read by the packaging too (pyproject.toml); docs/versioning.md.
 __version__ = "0.2.0.dev0"
 
-from django_pgqueue.batch import BatchCall
-from django_pgqueue.context import TaskContext
-from django_pgqueue.exceptions import (
+from django_pgqueue.core.exceptions import (
     Cancelled,
     Continue,
     EncryptionError,
@@ -37,7 +35,9 @@ from django_pgqueue.exceptions import (
     TaskDoesNotExist,
     TaskNotRegistered,
 )
-from django_pgqueue.operations import (
+from django_pgqueue.core.options import call
+from django_pgqueue.core.retry import RetryPolicy
+from django_pgqueue.ops.operations import (
     cancel,
     get_task,
     pause,
@@ -45,11 +45,15 @@ from django_pgqueue.operations import (
     resume,
     signal,
 )
-from django_pgqueue.options import call
+
+# From the public path, not tasking.periodic: importing it binds the attribute
+# django_pgqueue.periodic to that submodule, which this import then replaces with the
+# function for good (docs/periodic.md); a later first import of the submodule would not.
 from django_pgqueue.periodic import periodic
-from django_pgqueue.registry import TaskDefinition, task
-from django_pgqueue.retry import RetryPolicy
-from django_pgqueue.runtime_schedules import (
+from django_pgqueue.tasking.batch import BatchCall
+from django_pgqueue.tasking.context import TaskContext
+from django_pgqueue.tasking.registry import TaskDefinition, task
+from django_pgqueue.tasking.runtime_schedules import (
     InvalidScheduleError,
     ScheduleDoesNotExist,
     add_schedule,

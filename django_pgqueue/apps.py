@@ -11,17 +11,17 @@ class PgQueueConfig(AppConfig):
 
     def ready(self) -> None:
         from django_pgqueue import checks  # noqa: F401  (registers the system checks)
-        from django_pgqueue.registry import autodiscover
-        from django_pgqueue.signals import tasks_imported
+        from django_pgqueue.core.signals import tasks_imported
+        from django_pgqueue.tasking.registry import autodiscover
 
         autodiscover()
         tasks_imported.send(sender=self)
 
-        from django_pgqueue.conf import get_settings
+        from django_pgqueue.core.conf import get_settings
 
         if get_settings().QUEUE_METRICS:
             # The queue gauges join the default Prometheus registry, which
             # django-prometheus serves (docs/metrics.md). Nothing is read until a scrape.
-            from django_pgqueue.metrics import register_queue_collector
+            from django_pgqueue.ops.metrics import register_queue_collector
 
             register_queue_collector()

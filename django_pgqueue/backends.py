@@ -23,9 +23,9 @@ from typing import Any
 from django.apps import apps
 from django.core import checks
 
-from django_pgqueue import exceptions as queue_errors
 from django_pgqueue import framework
-from django_pgqueue.compat import (
+from django_pgqueue.core import exceptions as queue_errors
+from django_pgqueue.core.compat import (
     BaseTaskBackend,
     InvalidTaskBackendError,
     InvalidTaskError,
@@ -36,16 +36,16 @@ from django_pgqueue.compat import (
     normalize_json,
     task_enqueued,
 )
-from django_pgqueue.conf import database_for, get_settings, queue_databases
-from django_pgqueue.enqueue import insert as insert_row
-from django_pgqueue.options import (
+from django_pgqueue.core.conf import database_for, get_settings, queue_databases
+from django_pgqueue.core.options import (
     validate_backoff,
     validate_expires,
     validate_max_attempts,
     validate_queue,
     validate_timeout,
 )
-from django_pgqueue.retry import RetryPolicy
+from django_pgqueue.core.retry import RetryPolicy
+from django_pgqueue.tasking.enqueue import insert as insert_row
 
 OPTION_NAMES = ("max_attempts", "backoff", "timeout", "expires", "atomic")
 _MAX_ID = 2**63 - 1

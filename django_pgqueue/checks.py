@@ -17,8 +17,7 @@ from django.core.checks import Error, Tags, Warning, register
 from django.db import connections
 from django.db.migrations.loader import MigrationLoader
 
-from django_pgqueue import encryption
-from django_pgqueue.conf import (
+from django_pgqueue.core.conf import (
     SETTINGS,
     SETTINGS_BY_NAME,
     configured,
@@ -27,11 +26,12 @@ from django_pgqueue.conf import (
     queue_databases,
     unknown_keys,
 )
-from django_pgqueue.exceptions import InvalidTaskError
-from django_pgqueue.fairness import parse_weights
-from django_pgqueue.limits import parse_limits
-from django_pgqueue.options import validate_queue
-from django_pgqueue.registry import missing_task_modules, registry
+from django_pgqueue.core.exceptions import InvalidTaskError
+from django_pgqueue.core.fairness import parse_weights
+from django_pgqueue.core.limits import parse_limits
+from django_pgqueue.core.options import validate_queue
+from django_pgqueue.db import encryption
+from django_pgqueue.tasking.registry import missing_task_modules, registry
 
 # The documentation, as pyproject.toml's [project.urls] Documentation names it.
 DOCS_URL = "https://github.com/django-pgqueue/django-pgqueue/tree/main/docs"
@@ -200,7 +200,7 @@ def check_encryption(app_configs, **kwargs):
 
 def _check_middleware(paths: list[str]) -> list[Error]:
     """Each path of PGQUEUE['MIDDLEWARE'] imports a TaskMiddleware subclass."""
-    from django_pgqueue.middleware import problem
+    from django_pgqueue.tasking.middleware import problem
 
     messages = []
     for path in paths:

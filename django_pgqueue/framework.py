@@ -32,8 +32,8 @@ from asgiref.sync import sync_to_async
 from django.db import close_old_connections
 from django.dispatch import Signal
 
-from django_pgqueue import exceptions as queue_errors
-from django_pgqueue.compat import (
+from django_pgqueue.core import exceptions as queue_errors
+from django_pgqueue.core.compat import (
     InvalidTaskError,
     Task,
     TaskContext,
@@ -45,19 +45,19 @@ from django_pgqueue.compat import (
     task_finished,
     task_started,
 )
-from django_pgqueue.conf import database_of, get_settings
-from django_pgqueue.context import TaskContext as QueueContext
-from django_pgqueue.exceptions import PgQueueError, TaskNotRegistered
-from django_pgqueue.options import (
+from django_pgqueue.core.conf import database_of, get_settings
+from django_pgqueue.core.exceptions import PgQueueError, TaskNotRegistered
+from django_pgqueue.core.options import (
     TASK_NAME_MAX_LENGTH,
     validate_backoff,
     validate_queue,
     validate_task_name,
     validate_timeout,
 )
-from django_pgqueue.registry import TaskDefinition, registry
-from django_pgqueue.reprs import short_repr
-from django_pgqueue.signals import task_settled
+from django_pgqueue.core.reprs import short_repr
+from django_pgqueue.core.signals import task_settled
+from django_pgqueue.tasking.context import TaskContext as QueueContext
+from django_pgqueue.tasking.registry import TaskDefinition, registry
 
 logger = logging.getLogger("django_pgqueue.framework")
 

@@ -1,7 +1,7 @@
 """The task table and the worker registry.
 
 The ORM reads these (admin, history, tests); the hot path (enqueue, claim, settle,
-heartbeat, sweep) is explicit SQL in ``sql/queries.sql``. Index names are referenced
+heartbeat, sweep) is explicit SQL in ``db/sql/queries.sql``. Index names are referenced
 from that file's comments, so keep them stable.
 """
 
@@ -15,7 +15,7 @@ from django.db.models import Q
 from django.db.models.functions import Now
 from django.utils.translation import gettext_lazy as _
 
-from django_pgqueue import encryption
+from django_pgqueue.db import encryption
 
 
 class TaskState(models.TextChoices):
@@ -64,7 +64,7 @@ class Task(models.Model):
     result = models.JSONField(null=True, blank=True)
     errors = models.JSONField(db_default=models.Value([], models.JSONField()))
     # errors keeps its last 100 entries (a statement that appends one drops the oldest
-    # past that, sql/queries.sql); how many it dropped, for the admin to say so.
+    # past that, db/sql/queries.sql); how many it dropped, for the admin to say so.
     errors_dropped = models.IntegerField(db_default=0)
     unique_key = models.CharField(max_length=255, null=True, blank=True)
     checkpoint = models.JSONField(null=True, blank=True)

@@ -62,7 +62,7 @@ WSGI_APPLICATION = "example_project.wsgi.application"
 if "DATABASE_URL" in env:
     DATABASES = {"default": env.db("DATABASE_URL")}
 else:
-    from django_pgqueue.embedded import embedded_database_url
+    from django_pgqueue.core.embedded import embedded_database_url
 
     DATABASES = {
         "default": env.db_url_config(embedded_database_url(BASE_DIR / ".pgdata" / "example"))

@@ -41,7 +41,7 @@ def django_db_modify_db_settings(django_db_modify_db_settings_parallel_suffix: N
     queue2["TEST"] = {**queue2.get("TEST", {}), "NAME": f"{default_test_name}_queue2"}
     if os.environ.get("DATABASE_URL"):
         return
-    from django_pgqueue.embedded import embedded_database_url
+    from django_pgqueue.core.embedded import embedded_database_url
 
     url = embedded_database_url(REPO / ".pgdata" / "tests")
     host = url.split("?host=", 1)[1]

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from django_pgqueue import Continue, task
-from django_pgqueue.context import TaskContext
+from django_pgqueue.tasking.context import TaskContext
 
 
 @task(encrypt=True, queue="sealed")

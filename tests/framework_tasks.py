@@ -13,7 +13,7 @@ import signal
 from django.utils import timezone
 
 from django_pgqueue import Suspend, get_task
-from django_pgqueue.compat import (
+from django_pgqueue.core.compat import (
     TaskContext,
     TaskResult,
     task,

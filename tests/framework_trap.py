@@ -4,7 +4,7 @@ process import it: importing it writes the file named by PGQUEUE_TEST_IMPORT_MAR
 import os
 from pathlib import Path
 
-from django_pgqueue.compat import task
+from django_pgqueue.core.compat import task
 
 if os.environ.get("PGQUEUE_TEST_IMPORT_MARK"):
     Path(os.environ["PGQUEUE_TEST_IMPORT_MARK"]).write_text(f"imported by {os.getpid()}")

@@ -42,7 +42,7 @@ def examples(count: int) -> int:
     """The max_examples for a property whose full run tries ``count``."""
     return count if FULL else max(10, count // 4)
 
-INT_DIGITS_MAX = 1000  # django_pgqueue.payload
+INT_DIGITS_MAX = 1000  # django_pgqueue.core.payload
 MAX_DEPTH = 100
 
 # -- strategies ---------------------------------------------------------------------

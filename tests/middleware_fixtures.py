@@ -16,9 +16,9 @@ from typing import Any
 from django.utils import timezone
 
 from django_pgqueue import TaskContext, task
-from django_pgqueue.middleware import TaskMiddleware
-from django_pgqueue.registry import TaskDefinition
-from django_pgqueue.signals import task_started
+from django_pgqueue.core.signals import task_started
+from django_pgqueue.tasking.middleware import TaskMiddleware
+from django_pgqueue.tasking.registry import TaskDefinition
 from tests.testapp.models import Run
 
 # What TenantScope sets around a handler, and the handlers below return.

@@ -215,6 +215,6 @@ if os.environ.get("PGQUEUE_TEST_SOAK"):
 if os.environ.get("PGQUEUE_TEST_QUERIES"):
     from pathlib import Path
 
-    from django_pgqueue import sql
+    from django_pgqueue.db import sql
 
     sql.QUERIES.update(sql._load(Path(os.environ["PGQUEUE_TEST_QUERIES"])))

@@ -41,7 +41,7 @@ def main() -> None:
 
     from django.db import connection, transaction
 
-    from django_pgqueue.workflows import chain, group
+    from django_pgqueue.tasking.workflows import chain, group
     from tests.ledger import append
     from tests.soak_tasks import soak_flaky, soak_limited, soak_measure, soak_rated, soak_run
 

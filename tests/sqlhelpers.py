@@ -8,8 +8,8 @@ from typing import Any
 
 import psycopg
 
-from django_pgqueue.registry import registry
-from django_pgqueue.sql import QUERIES
+from django_pgqueue.db.sql import QUERIES
+from django_pgqueue.tasking.registry import registry
 from django_pgqueue.worker.claimed import ClaimedTask
 from django_pgqueue.worker.claimer import _fetch, claim_statement, route_params, stage_params
 

@@ -10,8 +10,8 @@ from django.contrib.auth.models import Permission
 from django.urls import reverse
 from django.utils import timezone
 
-from django_pgqueue import operations
 from django_pgqueue.models import Task, Worker
+from django_pgqueue.ops import operations
 from tests import sqlhelpers, tasks
 from tests.conftest import wait_until
 from tests.factories import TaskFactory

@@ -13,10 +13,10 @@ from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 from django.utils import timezone
 
-from django_pgqueue import operations
 from django_pgqueue.admin import bulk
+from django_pgqueue.db.sql import QUERIES
 from django_pgqueue.models import Task, Worker
-from django_pgqueue.sql import QUERIES
+from django_pgqueue.ops import operations
 from django_pgqueue.templatetags.pgqueue_admin import short_name
 from tests.factories import TaskFactory
 

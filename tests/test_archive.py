@@ -17,10 +17,10 @@ from django.core.management import CommandError, call_command
 from django.db import connection
 from django.utils import timezone
 
-from django_pgqueue import retention
-from django_pgqueue.archive import Archive, ArchiveError
 from django_pgqueue.models import Task
-from django_pgqueue.operations import prune_expired
+from django_pgqueue.ops import retention
+from django_pgqueue.ops.archive import Archive, ArchiveError
+from django_pgqueue.ops.operations import prune_expired
 from django_pgqueue.worker.pruner import Pruner
 from django_pgqueue.worker.stats import WorkerStats
 from tests.conftest import wait_until

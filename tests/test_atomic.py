@@ -17,11 +17,11 @@ import pytest
 from django.db import connection, transaction
 
 from django_pgqueue import InvalidTaskError, task
+from django_pgqueue.core.ticks import Every
+from django_pgqueue.db.sql import QUERIES
 from django_pgqueue.models import Task
-from django_pgqueue.periodic import ScheduleDefinition
-from django_pgqueue.sql import QUERIES
+from django_pgqueue.tasking.periodic import ScheduleDefinition
 from django_pgqueue.testing import run_tasks
-from django_pgqueue.ticks import Every
 from tests.atomic_tasks import (
     atomic_checkpoint,
     atomic_child,
@@ -166,7 +166,7 @@ def test_a_dependent_of_an_atomic_task_is_released_by_its_commit(mode):
 
 @BOTH
 def test_a_chords_callback_runs_once_its_atomic_members_committed(mode):
-    from django_pgqueue.workflows import chord
+    from django_pgqueue.tasking.workflows import chord
 
     members, callback = chord([atomic_effect.step(1), atomic_effect.step(2)],
                               atomic_effect.step(3))

@@ -18,10 +18,10 @@ from django.test import override_settings
 from django.utils import timezone
 
 from django_pgqueue import cancel, get_task
-from django_pgqueue import exceptions as queue_errors
 from django_pgqueue import signal as send_signal
 from django_pgqueue.backends import PgQueueBackend
-from django_pgqueue.compat import (
+from django_pgqueue.core import exceptions as queue_errors
+from django_pgqueue.core.compat import (
     FRAMEWORK,
     InvalidTaskBackendError,
     InvalidTaskError,
@@ -33,10 +33,10 @@ from django_pgqueue.compat import (
     task_enqueued,
     task_finished,
 )
-from django_pgqueue.exceptions import Cancelled
+from django_pgqueue.core.exceptions import Cancelled
 from django_pgqueue.framework import FinishedAnnouncer, LeaseExpired, RecordedError
 from django_pgqueue.models import Task
-from django_pgqueue.registry import registry
+from django_pgqueue.tasking.registry import registry
 from tests import framework_tasks, tasks, workflow_tasks
 from tests.conftest import wait_until
 from tests.factories import TaskFactory

@@ -13,8 +13,9 @@ from django.db import transaction
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from django_pgqueue import InvalidTaskError, operations
+from django_pgqueue import InvalidTaskError
 from django_pgqueue.models import Task
+from django_pgqueue.ops import operations
 from tests.factories import TaskFactory
 from tests.fuzzing import (
     Refused,

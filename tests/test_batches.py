@@ -17,9 +17,9 @@ from django.core.exceptions import ImproperlyConfigured
 from django.test import override_settings
 
 from django_pgqueue import BatchCall, InvalidTaskError, task
+from django_pgqueue.db.sql import QUERIES
 from django_pgqueue.models import Task
-from django_pgqueue.registry import registry
-from django_pgqueue.sql import QUERIES
+from django_pgqueue.tasking.registry import registry
 from django_pgqueue.worker.execution import execute_batch
 from tests import ledger
 from tests.conftest import wait_until

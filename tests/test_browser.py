@@ -220,8 +220,8 @@ def assert_fits(page, what: str) -> None:
 def test_every_admin_page_fits_a_1400px_window_with_long_names_and_pauses(
     live_server, browser_context, django_user_model
 ):
-    from django_pgqueue import operations
     from django_pgqueue.models import Schedule
+    from django_pgqueue.ops import operations
 
     django_user_model.objects.create_superuser("root", password="s3cret-pw")
     Worker.objects.create(

@@ -45,10 +45,10 @@ from django_pgqueue.celery.beat import declare
 from django_pgqueue.celery.canvas import META
 from django_pgqueue.celery.exceptions import NotRegistered, TaskRevokedError, TimeoutError
 from django_pgqueue.celery.task import backoff_interval
-from django_pgqueue.exceptions import InvalidTaskError
-from django_pgqueue.limits import Rate
+from django_pgqueue.core.exceptions import InvalidTaskError
+from django_pgqueue.core.limits import Rate
 from django_pgqueue.models import Schedule, Task
-from django_pgqueue.periodic import schedule_registry
+from django_pgqueue.tasking.periodic import schedule_registry
 from tests import ledger
 from tests.celery_project.proj import celery as proj_celery
 from tests.celery_project.proj import settings as proj_settings

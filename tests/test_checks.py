@@ -11,7 +11,7 @@ from django.core.management import call_command
 from django.test import override_settings
 
 from django_pgqueue.checks import DOCS_URL, check_settings, check_task_queues
-from django_pgqueue.registry import autodiscover, registry
+from django_pgqueue.tasking.registry import autodiscover, registry
 from tests import tasks
 
 PYPROJECT = Path(__file__).resolve().parent.parent / "pyproject.toml"

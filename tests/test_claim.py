@@ -11,9 +11,10 @@ import pytest
 from django.utils import timezone
 from psycopg.rows import class_row, tuple_row
 
-from django_pgqueue import operations, sql
+from django_pgqueue.db import sql
+from django_pgqueue.db.sql import QUERIES, positional
 from django_pgqueue.models import Task
-from django_pgqueue.sql import QUERIES, positional
+from django_pgqueue.ops import operations
 from django_pgqueue.worker.claimed import ClaimedTask, claimed_rows
 from django_pgqueue.worker.claimer import claim_statement, route_params, stage_params
 from django_pgqueue.worker.connection import connect

@@ -25,10 +25,11 @@ from django.urls import reverse
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from django_pgqueue import operations, workflows
-from django_pgqueue.exceptions import InvalidTaskError, TransactionDatabaseError
-from django_pgqueue.metrics import QueueCollector
+from django_pgqueue.core.exceptions import InvalidTaskError, TransactionDatabaseError
 from django_pgqueue.models import Task, Worker
+from django_pgqueue.ops import operations
+from django_pgqueue.ops.metrics import QueueCollector
+from django_pgqueue.tasking import workflows
 from tests import tasks
 from tests.conftest import database_url, wait_until
 from tests.settings import TEST_DATABASES
@@ -232,7 +233,7 @@ def test_an_admin_action_changes_the_task_of_the_lists_database(admin_client):
 
 
 def test_a_framework_task_on_the_other_database_has_a_result_id_naming_it():
-    from django_pgqueue.compat import task_backends
+    from django_pgqueue.core.compat import task_backends
     from tests import framework_tasks
 
     backends = {

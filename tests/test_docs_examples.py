@@ -38,7 +38,7 @@ from django.test import RequestFactory
 
 from django_pgqueue import testing
 from django_pgqueue.models import Task
-from django_pgqueue.registry import registry
+from django_pgqueue.tasking.registry import registry
 from tests import docs_project
 from tests.conftest import REPO, database_url
 from tests.docs_project import MARKERS, PAGES, Block, blocks

@@ -161,7 +161,7 @@ def test_every_flag_a_section_names_is_one_of_its_command(name):
 
 
 def test_each_worker_flag_names_the_setting_it_overrides():
-    from django_pgqueue.conf import SETTINGS
+    from django_pgqueue.core.conf import SETTINGS
 
     cells = table_rows(page("commands.md"), "flag")
     by_flag = {key.split()[0]: row for key, row in cells.items()}
@@ -275,7 +275,7 @@ def test_every_task_option_is_in_the_api_reference_with_its_default():
 
 
 def test_every_using_option_is_in_the_api_reference():
-    from django_pgqueue.registry import OPTION_NAMES
+    from django_pgqueue.tasking.registry import OPTION_NAMES
 
     rows = table_rows(api_sections()["using() options"], "option")
     documented = {name.strip("` ") for row in rows for name in row.split(",")}
@@ -366,7 +366,7 @@ def exported_metrics() -> dict[str, str]:
     (a counter with its ``_total``)."""
     from prometheus_client import CollectorRegistry
 
-    from django_pgqueue.metrics import DoctorCollector, QueueCollector
+    from django_pgqueue.ops.metrics import DoctorCollector, QueueCollector
     from django_pgqueue.worker.metrics_server import WorkerMetrics
 
     registry = CollectorRegistry()
@@ -396,7 +396,7 @@ def test_each_metric_is_documented_with_its_type():
 
 def test_each_default_the_tasks_framework_backend_overrides_names_its_options_key():
     from django_pgqueue.backends import OPTION_NAMES
-    from django_pgqueue.conf import SETTINGS_BY_NAME
+    from django_pgqueue.core.conf import SETTINGS_BY_NAME
 
     rows = table_rows(page("settings.md"), "key")
     overridden = [k for k in OPTION_NAMES if f"DEFAULT_{k.upper()}" in SETTINGS_BY_NAME]
@@ -438,7 +438,7 @@ def tables_of(text: str) -> list[list[list[str]]]:
 @pytest.mark.django_db
 def test_every_key_of_the_status_json_is_in_the_commands_reference():
     from django_pgqueue.management.commands.pgqueue_status import read_status, read_task
-    from django_pgqueue.periodic import schedules
+    from django_pgqueue.tasking.periodic import schedules
     from tests import tasks
 
     text = page("commands.md")
@@ -469,7 +469,7 @@ def test_every_alert_rule_is_in_the_metrics_reference_and_no_other():
 
 
 def test_every_check_of_the_queue_doctor_is_in_a_table_of_the_docs_and_no_other():
-    from django_pgqueue.doctor import CHECK_IDS
+    from django_pgqueue.ops.doctor import CHECK_IDS
 
     documented = set()
     for path in DOCS.glob("*.md"):

@@ -26,13 +26,14 @@ from django.urls import reverse
 from django.utils import timezone
 from prometheus_client import CollectorRegistry, generate_latest
 
-from django_pgqueue import __version__, doctor
+from django_pgqueue import __version__
 from django_pgqueue.checks import check_settings
-from django_pgqueue.limits import parse_limits
-from django_pgqueue.metrics import DoctorCollector
+from django_pgqueue.core.limits import parse_limits
+from django_pgqueue.db.sql import QUERIES
 from django_pgqueue.models import Task
-from django_pgqueue.runtime_schedules import add_schedule
-from django_pgqueue.sql import QUERIES
+from django_pgqueue.ops import doctor
+from django_pgqueue.ops.metrics import DoctorCollector
+from django_pgqueue.tasking.runtime_schedules import add_schedule
 from tests import tasks
 from tests.conftest import REPO, wait_until
 from tests.factories import TaskFactory

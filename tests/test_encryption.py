@@ -21,11 +21,11 @@ from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 
 from django_pgqueue import get_task, signal
-from django_pgqueue.conf import get_settings
-from django_pgqueue.encryption import MARKER
-from django_pgqueue.exceptions import EncryptionError
+from django_pgqueue.core.conf import get_settings
+from django_pgqueue.core.exceptions import EncryptionError
+from django_pgqueue.db.encryption import MARKER
 from django_pgqueue.models import Task
-from django_pgqueue.operations import requeue_dead
+from django_pgqueue.ops.operations import requeue_dead
 from django_pgqueue.testing import assert_enqueued, run_tasks
 from tests import encrypt_tasks
 from tests.conftest import REPO, wait_until

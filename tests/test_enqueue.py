@@ -11,7 +11,7 @@ from django.utils import timezone
 
 from django_pgqueue import InvalidTaskError, call, task
 from django_pgqueue.models import Task
-from django_pgqueue.registry import registry
+from django_pgqueue.tasking.registry import registry
 from tests import tasks
 
 pytestmark = pytest.mark.django_db

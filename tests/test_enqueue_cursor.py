@@ -1,4 +1,4 @@
-"""The cursor enqueue writes through (django_pgqueue/enqueue_cursor.py): the caller's
+"""The cursor enqueue writes through (django_pgqueue/db/enqueue_cursor.py): the caller's
 connection and transaction, parameters bound on the server, and a prepared statement
 only where the session is the caller's own beyond one request."""
 

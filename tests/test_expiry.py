@@ -18,13 +18,13 @@ from django.test import override_settings
 from django.utils import timezone
 
 from django_pgqueue import cancel, task
-from django_pgqueue.compat import TaskResultStatus
-from django_pgqueue.exceptions import Cancelled, InvalidTaskError
+from django_pgqueue.core.compat import TaskResultStatus
+from django_pgqueue.core.exceptions import Cancelled, InvalidTaskError
+from django_pgqueue.db.sql import QUERIES
 from django_pgqueue.framework import Expired as ExpiredError
 from django_pgqueue.models import Task
-from django_pgqueue.periodic import periodic, schedule_registry
-from django_pgqueue.registry import registry
-from django_pgqueue.sql import QUERIES
+from django_pgqueue.tasking.periodic import periodic, schedule_registry
+from django_pgqueue.tasking.registry import registry
 from django_pgqueue.worker.claimer import stage_params
 from tests import framework_tasks, rule_tasks, tasks
 from tests.sqlhelpers import claim, row, settle, success
@@ -326,7 +326,7 @@ def test_the_backends_expires_option_ends_a_task_not_started_in_time_failed(pg, 
 
 def test_a_bad_expires_option_is_refused_when_the_backend_is_built():
     from django_pgqueue.backends import PgQueueBackend
-    from django_pgqueue.compat import InvalidTaskBackendError
+    from django_pgqueue.core.compat import InvalidTaskBackendError
 
     with pytest.raises(InvalidTaskBackendError, match="expires must be a number of seconds"):
         PgQueueBackend("broken", {"OPTIONS": {"expires": -5}})

@@ -17,8 +17,8 @@ import psycopg
 import pytest
 from django.db import connections
 
-from django_pgqueue.limits import parse_limits
-from django_pgqueue.sql import QUERIES
+from django_pgqueue.core.limits import parse_limits
+from django_pgqueue.db.sql import QUERIES
 from django_pgqueue.worker.claimer import stage_params
 from django_pgqueue.worker.connection import connect
 from tests.conftest import database_url

@@ -18,12 +18,13 @@ from django.core.management import CommandError, call_command
 from django.test import override_settings
 from django.urls import reverse
 
-from django_pgqueue import operations, task
-from django_pgqueue.exceptions import InvalidTaskError
-from django_pgqueue.fairness import parse_weights
+from django_pgqueue import task
+from django_pgqueue.core.exceptions import InvalidTaskError
+from django_pgqueue.core.fairness import parse_weights
+from django_pgqueue.db.sql import QUERIES, execute
 from django_pgqueue.models import Task
-from django_pgqueue.registry import registry
-from django_pgqueue.sql import QUERIES, execute
+from django_pgqueue.ops import operations
+from django_pgqueue.tasking.registry import registry
 from django_pgqueue.worker.claimed import claimed_rows
 from django_pgqueue.worker.claimer import claim_statement, route_params
 from django_pgqueue.worker.slots import SlotPool

@@ -21,8 +21,8 @@ import psycopg
 import pytest
 from django.db import connections
 
+from django_pgqueue.db.sql import QUERIES
 from django_pgqueue.models import Task
-from django_pgqueue.sql import QUERIES
 from tests import fault_tasks, framework_tasks
 from tests.conftest import server_address, url_through, wait_until
 from tests.fault_tasks import runs

@@ -6,7 +6,7 @@ import threading
 
 import pytest
 
-from django_pgqueue.sql import QUERIES
+from django_pgqueue.db.sql import QUERIES
 from django_pgqueue.worker.heartbeat import Heartbeat
 from django_pgqueue.worker.inflight import InFlight
 from django_pgqueue.worker.outcomes import RELEASE_DELAY, SUCCESS, Outcome, released, succeeded

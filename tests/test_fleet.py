@@ -8,7 +8,7 @@ import time
 import pytest
 from django.db import connection
 
-from django_pgqueue.sql import QUERIES
+from django_pgqueue.db.sql import QUERIES
 from django_pgqueue.worker.periodic import Fleet
 from django_pgqueue.worker.stats import WorkerStats
 from django_pgqueue.worker.sweeper import Sweeper

@@ -18,11 +18,11 @@ from django.core.exceptions import ImproperlyConfigured
 from psycopg.rows import class_row
 
 from django_pgqueue import task
-from django_pgqueue.exceptions import InvalidTaskError
-from django_pgqueue.limits import parse_limits
+from django_pgqueue.core.exceptions import InvalidTaskError
+from django_pgqueue.core.limits import parse_limits
+from django_pgqueue.db.sql import QUERIES
 from django_pgqueue.models import Task
-from django_pgqueue.registry import registry
-from django_pgqueue.sql import QUERIES
+from django_pgqueue.tasking.registry import registry
 from django_pgqueue.worker.claimed import ClaimedTask
 from django_pgqueue.worker.claimer import SNOOZE_BATCH, route_params, stage_params
 from tests import ledger

@@ -14,7 +14,7 @@ import pytest
 from django.db import connection, transaction
 
 from django_pgqueue import pause, resume
-from django_pgqueue.limits import parse_limits, parse_rate
+from django_pgqueue.core.limits import parse_limits, parse_rate
 from django_pgqueue.models import Queue, Task
 from tests import ledger
 from tests.conftest import wait_until

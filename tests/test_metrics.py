@@ -17,8 +17,8 @@ from django.utils import timezone
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from django_pgqueue.metrics import DoctorCollector, QueueCollector
 from django_pgqueue.models import Task, Worker
+from django_pgqueue.ops.metrics import DoctorCollector, QueueCollector
 from django_pgqueue.worker.metrics_server import WorkerMetrics
 from tests import prefork_tasks, tasks
 from tests.conftest import REPO, wait_until

@@ -2,7 +2,7 @@
 PGQUEUE['METRICS_ADDR']), alone and under the supervisor. Every 127.x.y.z address is
 the loopback interface on Linux, so a server bound to 127.0.0.2 is reachable there and
 refuses connections on 127.0.0.1. And the worker side imports none of the web side's
-collector module (django_pgqueue.metrics)."""
+collector module (django_pgqueue.ops.metrics)."""
 
 import socket
 import subprocess
@@ -100,7 +100,7 @@ def test_the_worker_side_never_imports_the_web_collector_module():
         "import django_pgqueue.management.commands.runtaskworker\n"
         "import django_pgqueue.worker.metrics_server\n"
         "import django_pgqueue.worker.supervisor\n"
-        "print('django_pgqueue.metrics' in sys.modules)\n"
+        "print('django_pgqueue.ops.metrics' in sys.modules)\n"
     )
     done = subprocess.run(
         [sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60

@@ -12,7 +12,7 @@ from django.test import override_settings
 from django_pgqueue import InvalidTaskError
 from django_pgqueue.checks import check_settings
 from django_pgqueue.models import Task
-from django_pgqueue.workflows import chain
+from django_pgqueue.tasking.workflows import chain
 from tests import framework_tasks, tasks
 from tests import middleware_fixtures as fixtures
 from tests.conftest import wait_until

@@ -12,7 +12,7 @@ from datetime import UTC, datetime
 
 import pytest
 
-from django_pgqueue.retry import RetryPolicy
+from django_pgqueue.core.retry import RetryPolicy
 from django_pgqueue.worker import outcomes
 from django_pgqueue.worker.claimed import ClaimedTask
 

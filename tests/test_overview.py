@@ -5,9 +5,9 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
+from django_pgqueue.db.sql import QUERIES
 from django_pgqueue.models import Worker
-from django_pgqueue.operations import queue_capacity, queue_history, queue_overview
-from django_pgqueue.sql import QUERIES
+from django_pgqueue.ops.operations import queue_capacity, queue_history, queue_overview
 from tests.factories import TaskFactory
 
 pytestmark = pytest.mark.django_db

@@ -21,9 +21,9 @@ from django.urls import reverse
 from django.utils import timezone
 
 from django_pgqueue import pause, resume
-from django_pgqueue.metrics import QueueCollector
 from django_pgqueue.models import Queue, Task, Worker
-from django_pgqueue.overview import build_overview
+from django_pgqueue.ops.metrics import QueueCollector
+from django_pgqueue.ops.overview import build_overview
 from tests import tasks
 from tests.conftest import PLAIN_CLAIM_ENV, wait_until
 from tests.factories import TaskFactory

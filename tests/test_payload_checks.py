@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import pytest
 
-from django_pgqueue.exceptions import InvalidTaskError, PayloadTooLarge
-from django_pgqueue.payload import (
+from django_pgqueue.core.exceptions import InvalidTaskError, PayloadTooLarge
+from django_pgqueue.core.payload import (
     RESULT_LIMIT,
     check_stored_call,
     check_value_size,

@@ -22,11 +22,16 @@ from django.db import connections as django_connections
 from django.urls import reverse
 
 from django_pgqueue import InvalidTaskError, periodic
+from django_pgqueue.core.ticks import ON_TIME, Cron, Every, due
+from django_pgqueue.db.sql import QUERIES
 from django_pgqueue.models import Schedule, Task
-from django_pgqueue.periodic import ScheduleNotDeclared, run_now, schedule_registry, schedules
-from django_pgqueue.registry import registry
-from django_pgqueue.sql import QUERIES
-from django_pgqueue.ticks import ON_TIME, Cron, Every, due
+from django_pgqueue.tasking.periodic import (
+    ScheduleNotDeclared,
+    run_now,
+    schedule_registry,
+    schedules,
+)
+from django_pgqueue.tasking.registry import registry
 from django_pgqueue.worker.connection import connect
 from django_pgqueue.worker.scheduler import tick_params
 from tests import periodic_tasks

@@ -16,8 +16,9 @@ from pathlib import Path
 import pytest
 from django.core.management import CommandError, call_command
 
-from django_pgqueue import cancel, operations
+from django_pgqueue import cancel
 from django_pgqueue.models import Task
+from django_pgqueue.ops import operations
 from django_pgqueue.worker.prefork import DEADLINE_MARGIN
 from tests import ledger, prefork_tasks
 from tests.conftest import wait_until

@@ -32,12 +32,12 @@ from django.utils import timezone
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from django_pgqueue import operations
-from django_pgqueue.metrics import QueueCollector
 from django_pgqueue.models import Queue, Schedule, Task
-from django_pgqueue.operations import ReplicaLag
-from django_pgqueue.overview import build_overview
-from django_pgqueue.periodic import periodic, schedule_registry
+from django_pgqueue.ops import operations
+from django_pgqueue.ops.metrics import QueueCollector
+from django_pgqueue.ops.operations import ReplicaLag
+from django_pgqueue.ops.overview import build_overview
+from django_pgqueue.tasking.periodic import periodic, schedule_registry
 from tests import periodic_tasks, tasks
 from tests.conftest import wait_until
 from tests.factories import TaskFactory

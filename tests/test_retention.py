@@ -9,9 +9,9 @@ import pytest
 from django.db import connection
 from django.utils import timezone
 
+from django_pgqueue.db.sql import QUERIES
 from django_pgqueue.models import Task
-from django_pgqueue.operations import prune_expired
-from django_pgqueue.sql import QUERIES
+from django_pgqueue.ops.operations import prune_expired
 from django_pgqueue.worker.pruner import Pruner
 from django_pgqueue.worker.stats import WorkerStats
 from tests.conftest import wait_until

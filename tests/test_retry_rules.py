@@ -14,9 +14,9 @@ import json
 import pytest
 
 from django_pgqueue import task
-from django_pgqueue.exceptions import InvalidTaskError
+from django_pgqueue.core.exceptions import InvalidTaskError
 from django_pgqueue.models import Task
-from django_pgqueue.registry import registry
+from django_pgqueue.tasking.registry import registry
 from tests import rule_tasks
 from tests.testapp.models import Run
 

@@ -19,9 +19,10 @@ from django.core.management import call_command
 from django.db import transaction
 from django.utils import timezone
 
-from django_pgqueue import cancel, operations
+from django_pgqueue import cancel
 from django_pgqueue.models import Task
-from django_pgqueue.registry import TaskDefinition
+from django_pgqueue.ops import operations
+from django_pgqueue.tasking.registry import TaskDefinition
 from tests import sqlhelpers, tasks
 from tests.conftest import wait_until
 from tests.factories import TaskFactory

@@ -7,9 +7,9 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from django_pgqueue.exceptions import TaskNotRegistered
+from django_pgqueue.core.exceptions import TaskNotRegistered
 from django_pgqueue.models import Task
-from django_pgqueue.registry import registry
+from django_pgqueue.tasking.registry import registry
 from tests import tasks
 from tests.factories import TaskFactory
 from tests.sqlhelpers import claim

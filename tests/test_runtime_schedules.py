@@ -28,11 +28,11 @@ from django_pgqueue import (
     task,
     update_schedule,
 )
+from django_pgqueue.core.ticks import Every
+from django_pgqueue.db.sql import QUERIES
 from django_pgqueue.models import Schedule, Task
-from django_pgqueue.periodic import run_now, schedules
-from django_pgqueue.registry import registry
-from django_pgqueue.sql import QUERIES
-from django_pgqueue.ticks import Every
+from django_pgqueue.tasking.periodic import run_now, schedules
+from django_pgqueue.tasking.registry import registry
 from django_pgqueue.worker.scheduler import tick_params
 from tests import periodic_tasks
 from tests.conftest import wait_until

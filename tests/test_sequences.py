@@ -22,11 +22,12 @@ from django.core.management import call_command
 from django.db import connection, transaction
 from django.urls import reverse
 
-from django_pgqueue import operations, task
-from django_pgqueue.exceptions import InvalidTaskError
+from django_pgqueue import task
+from django_pgqueue.core.exceptions import InvalidTaskError
+from django_pgqueue.db.sql import QUERIES
 from django_pgqueue.models import Task
-from django_pgqueue.registry import registry
-from django_pgqueue.sql import QUERIES
+from django_pgqueue.ops import operations
+from django_pgqueue.tasking.registry import registry
 from django_pgqueue.worker.connection import connect
 from tests import ledger, tasks
 from tests.conftest import WorkerProcess, wait_until

@@ -18,7 +18,7 @@ from django.core.management.base import SystemCheckError
 from django.test import override_settings
 
 from django_pgqueue.checks import check_settings
-from django_pgqueue.conf import SETTINGS, SETTINGS_BY_NAME, Setting, get_settings
+from django_pgqueue.core.conf import SETTINGS, SETTINGS_BY_NAME, Setting, get_settings
 from django_pgqueue.management.commands.runtaskworker import Command
 from django_pgqueue.worker.worker import WorkerOptions
 from tests.conftest import REPO

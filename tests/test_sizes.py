@@ -22,7 +22,7 @@ from django.utils import timezone
 
 from django_pgqueue import InvalidTaskError, PayloadTooLarge, signal
 from django_pgqueue.models import Task
-from django_pgqueue.workflows import chain, group
+from django_pgqueue.tasking.workflows import chain, group
 from tests import framework_tasks, size_tasks, sqlhelpers, tasks
 from tests.conftest import wait_until
 from tests.factories import TaskFactory

@@ -22,9 +22,9 @@ from django.core.management.base import CommandError
 from django.test import override_settings
 from django.urls import reverse
 
-from django_pgqueue import operations
 from django_pgqueue.checks import check_settings
 from django_pgqueue.models import Task, TaskLog
+from django_pgqueue.ops import operations
 from django_pgqueue.worker import task_logs
 from django_pgqueue.worker.execution import execute
 from django_pgqueue.worker.task_logs import TaskLogHandler

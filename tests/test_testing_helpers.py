@@ -20,6 +20,7 @@ from django.utils import timezone
 
 from django_pgqueue import InvalidTaskError, pause, resume, signal
 from django_pgqueue.models import Task
+from django_pgqueue.tasking.workflows import chain, chord
 from django_pgqueue.testing import (
     TaskFailed,
     assert_enqueued,
@@ -29,7 +30,6 @@ from django_pgqueue.testing import (
     run_tasks,
 )
 from django_pgqueue.testing import runner as runner_module
-from django_pgqueue.workflows import chain, chord
 from tests.settings import TEST_DATABASES
 from tests.tasks import noop, sliced
 from tests.testapp.models import Run
@@ -319,7 +319,7 @@ def test_a_failure_without_a_python_exception_raises_task_failed(mode: str) -> N
         with pytest.raises(TaskFailed, match="cannot be stored"):
             run_tasks(raise_errors=True)
     finally:
-        from django_pgqueue.registry import registry
+        from django_pgqueue.tasking.registry import registry
 
         registry.unregister(returns_a_set.name)
 

@@ -1,4 +1,4 @@
-"""OpenTelemetry spans (django_pgqueue/tracing.py): a PRODUCER span per enqueue call in
+"""OpenTelemetry spans (django_pgqueue/tasking/tracing.py): a PRODUCER span per enqueue call in
 the enqueuing process (recorded here with the SDK's InMemorySpanExporter), a CONSUMER
 span per attempt in real worker processes (exported to a file by tests/span_capture.py),
 parented to the producer's; and nothing at all without opentelemetry."""
@@ -16,8 +16,9 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, StatusCode
 
-from django_pgqueue import InvalidTaskError, tracing
+from django_pgqueue import InvalidTaskError
 from django_pgqueue.models import Task
+from django_pgqueue.tasking import tracing
 from tests import middleware_fixtures, span_capture, tasks
 from tests.conftest import REPO, wait_until
 
@@ -178,7 +179,7 @@ sys.modules["opentelemetry"] = None  # as if not installed: every import of it f
 import django
 django.setup()
 from django.db import transaction
-from django_pgqueue import tracing
+from django_pgqueue.tasking import tracing
 from django_pgqueue.models import Task
 from django_pgqueue.worker import execution
 from tests import tasks

@@ -14,8 +14,8 @@ from typing import get_type_hints
 import pytest
 
 from django_pgqueue import TaskContext, TaskDefinition, queue_overview, task
-from django_pgqueue.operations import QueueOverviewRow
-from django_pgqueue.registry import (
+from django_pgqueue.ops.operations import QueueOverviewRow
+from django_pgqueue.tasking.registry import (
     OPTION_NAMES,
     ContextTaskDefinition,
     TaskOptions,

@@ -23,10 +23,10 @@ from django.db import connection, transaction
 from django.utils import timezone
 
 from django_pgqueue import InvalidTaskError, task
-from django_pgqueue.enqueue import build_row
+from django_pgqueue.db.sql import QUERIES
 from django_pgqueue.models import Task
-from django_pgqueue.registry import registry
-from django_pgqueue.sql import QUERIES
+from django_pgqueue.tasking.enqueue import build_row
+from django_pgqueue.tasking.registry import registry
 from tests import tasks, unique_tasks
 from tests.conftest import REPO, wait_until
 from tests.ledger import LEDGER_ENV
@@ -688,7 +688,7 @@ def test_the_options_work_with_prepared_statements_as_with_unprepared_ones():
 def test_a_schedule_refuses_the_unique_options_like_unique_key(options):
     from django.core.exceptions import ImproperlyConfigured
 
-    from django_pgqueue.periodic import periodic, schedule_registry
+    from django_pgqueue.tasking.periodic import periodic, schedule_registry
 
     with pytest.raises(ImproperlyConfigured, match=f"using\\({next(iter(options))}=...\\)"):
         periodic(tasks.noop.using(**options), every=60, name="tests.test_unique.tick")

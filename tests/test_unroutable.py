@@ -16,8 +16,8 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
+from django_pgqueue.db.sql import QUERIES
 from django_pgqueue.models import Task
-from django_pgqueue.sql import QUERIES
 from django_pgqueue.worker.stats import WorkerStats
 from django_pgqueue.worker.sweeper import Sweeper
 from tests.factories import TaskFactory

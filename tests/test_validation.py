@@ -14,10 +14,10 @@ from django.db import transaction
 
 from django_pgqueue import InvalidTaskError, RetryPolicy, call, task
 from django_pgqueue.backends import PgQueueBackend
-from django_pgqueue.compat import InvalidTaskBackendError
+from django_pgqueue.core.compat import InvalidTaskBackendError
+from django_pgqueue.core.payload import check_json, check_stored_call
 from django_pgqueue.models import Task
-from django_pgqueue.payload import check_json, check_stored_call
-from django_pgqueue.registry import registry
+from django_pgqueue.tasking.registry import registry
 from tests import framework_tasks, tasks
 from tests.factories import TaskFactory
 

@@ -11,8 +11,8 @@ import pytest
 from django.db import connection, transaction
 from django.utils import timezone
 
+from django_pgqueue.db.sql import QUERIES
 from django_pgqueue.models import Task
-from django_pgqueue.sql import QUERIES
 from django_pgqueue.worker.claimer import STAGE_INTERVAL
 from django_pgqueue.worker.connection import connect
 from tests import tasks

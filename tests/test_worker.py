@@ -10,7 +10,7 @@ from django.db.models import Max, Min
 
 from django_pgqueue import cancel, queue_overview
 from django_pgqueue.models import Task
-from django_pgqueue.operations import retry_now
+from django_pgqueue.ops.operations import retry_now
 from tests import tasks
 from tests.conftest import wait_until
 from tests.factories import TaskFactory

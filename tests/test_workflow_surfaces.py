@@ -24,10 +24,10 @@ from django.urls import reverse
 from django.utils import timezone
 
 from django_pgqueue import cancel
-from django_pgqueue.metrics import QueueCollector
 from django_pgqueue.models import Task, Worker
-from django_pgqueue.operations import queue_overview
-from django_pgqueue.workflows import chain, chord
+from django_pgqueue.ops.metrics import QueueCollector
+from django_pgqueue.ops.operations import queue_overview
+from django_pgqueue.tasking.workflows import chain, chord
 from tests import sqlhelpers
 from tests.factories import TaskFactory
 from tests.test_metrics import scrape_collector

@@ -11,9 +11,10 @@ from pathlib import Path
 import pytest
 from django.db import connection, transaction
 
-from django_pgqueue import InvalidTaskError, Suspend, cancel, operations, signal
+from django_pgqueue import InvalidTaskError, Suspend, cancel, signal
 from django_pgqueue.models import Dependency, Task
-from django_pgqueue.workflows import chain, chord, group
+from django_pgqueue.ops import operations
+from django_pgqueue.tasking.workflows import chain, chord, group
 from tests import ledger, sqlhelpers
 from tests.conftest import wait_until
 from tests.workflow_tasks import collect, fail_once, parent_of_child, step, wait_for_signal

@@ -16,8 +16,8 @@ from django.db import connections
 
 from django_pgqueue import framework
 from django_pgqueue.backends import PgQueueBackend
-from django_pgqueue.compat import Task, TaskResult, task_finished
-from django_pgqueue.conf import get_settings
+from django_pgqueue.core.compat import Task, TaskResult, task_finished
+from django_pgqueue.core.conf import get_settings
 from django_pgqueue.models import Task as Row
 from django_pgqueue.worker.worker import Worker, WorkerOptions
 

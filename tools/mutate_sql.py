@@ -1,4 +1,4 @@
-"""Mutation check of the SQL contract (django_pgqueue/sql/queries.sql).
+"""Mutation check of the SQL contract (django_pgqueue/db/sql/queries.sql).
 
 For every statement that fences or routes (COVERAGE below: the statement, and the tests
 that pin it), each predicate of its WHERE, JOIN ... ON and FILTER (WHERE ...) conditions
@@ -40,7 +40,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-QUERIES_SQL = REPO / "django_pgqueue" / "sql" / "queries.sql"
+QUERIES_SQL = REPO / "django_pgqueue" / "db" / "sql" / "queries.sql"
 EXPLAINED = REPO / "tools" / "sql_mutants_explained.toml"
 
 # Statement (fnmatch pattern over the names in queries.sql) -> the tests that pin it:
@@ -293,7 +293,7 @@ def mutants(name: str, sql: str) -> list[Mutant]:
 
 def load_statements() -> dict[str, str]:
     sys.path.insert(0, str(REPO))
-    from django_pgqueue.sql import _load
+    from django_pgqueue.db.sql import _load
 
     return _load(QUERIES_SQL)
 

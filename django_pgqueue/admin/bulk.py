@@ -24,10 +24,10 @@ from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse
 from django.template.response import TemplateResponse
 
-from django_pgqueue import operations
 from django_pgqueue.admin.databases import request_database
 from django_pgqueue.admin.input import task_id
 from django_pgqueue.models import Task
+from django_pgqueue.ops import operations
 
 if TYPE_CHECKING:
     from django.contrib.admin import ModelAdmin

@@ -13,17 +13,17 @@ from django.utils import timezone
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import mark_safe
 
-from django_pgqueue import encryption
 from django_pgqueue.admin.databases import (
     request_database,
 )
-from django_pgqueue.conf import get_settings, queue_databases
-from django_pgqueue.exceptions import EncryptionError
+from django_pgqueue.core.conf import get_settings, queue_databases
+from django_pgqueue.core.exceptions import EncryptionError
+from django_pgqueue.db import encryption
 from django_pgqueue.models import (
     Task,
     TaskState,
 )
-from django_pgqueue.overview import humanize_seconds
+from django_pgqueue.ops.overview import humanize_seconds
 
 JSON_DISPLAY_LIMIT = 100_000  # characters of a payload shown on the detail page
 EMPTY = "-"

@@ -17,8 +17,8 @@ from django.core.paginator import Paginator
 from django.db import connections
 from django.db.models import QuerySet
 
-from django_pgqueue.conf import get_settings
-from django_pgqueue.sql import QUERIES
+from django_pgqueue.core.conf import get_settings
+from django_pgqueue.db.sql import QUERIES
 
 
 def estimated_tasks(alias: str) -> int | None:

@@ -17,7 +17,7 @@ from django.contrib import admin
 from django.db.models import QuerySet
 from django.http import HttpRequest, QueryDict
 
-from django_pgqueue.conf import database_of, queue_databases, read_database
+from django_pgqueue.core.conf import database_of, queue_databases, read_database
 
 __all__ = ["DatabaseFilter", "database_of", "request_database", "with_database"]
 

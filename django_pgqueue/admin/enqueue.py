@@ -26,10 +26,10 @@ from django.template.response import TemplateResponse
 from django_pgqueue.admin.common import _url
 from django_pgqueue.admin.databases import with_database
 from django_pgqueue.admin.input import JSONInput
-from django_pgqueue.conf import database_for
-from django_pgqueue.exceptions import InvalidTaskError
+from django_pgqueue.core.conf import database_for
+from django_pgqueue.core.exceptions import InvalidTaskError
 from django_pgqueue.models import Task
-from django_pgqueue.registry import ContextTaskDefinition, TaskDefinition, registry
+from django_pgqueue.tasking.registry import ContextTaskDefinition, TaskDefinition, registry
 
 if TYPE_CHECKING:
     from django.contrib.admin import ModelAdmin

@@ -27,8 +27,8 @@ from django.core.exceptions import ValidationError
 from django.db.models import QuerySet
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect, QueryDict
 
-from django_pgqueue.exceptions import InvalidTaskError
-from django_pgqueue.payload import parse_json
+from django_pgqueue.core.exceptions import InvalidTaskError
+from django_pgqueue.core.payload import parse_json
 
 TASK_ID_MAX = 2**63 - 1  # the id column is a bigint
 

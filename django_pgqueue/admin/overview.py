@@ -15,7 +15,6 @@ from django.http import HttpRequest, HttpResponse, HttpResponseRedirect, JsonRes
 from django.template.response import TemplateResponse
 from django.urls import path
 
-from django_pgqueue import doctor, operations
 from django_pgqueue.admin.common import (
     _url,
     can_pause_queues,
@@ -24,14 +23,15 @@ from django_pgqueue.admin.common import (
 from django_pgqueue.admin.input import (
     refresh_seconds,
 )
-from django_pgqueue.conf import database_for, get_settings, queue_databases
-from django_pgqueue.exceptions import InvalidTaskError
+from django_pgqueue.core.conf import database_for, get_settings, queue_databases
+from django_pgqueue.core.exceptions import InvalidTaskError
 from django_pgqueue.models import (
     Queue,
     QueueOverview,
     Task,
 )
-from django_pgqueue.overview import build_overview, humanize_seconds, row_key
+from django_pgqueue.ops import doctor, operations
+from django_pgqueue.ops.overview import build_overview, humanize_seconds, row_key
 
 logger = logging.getLogger("django_pgqueue.admin")
 

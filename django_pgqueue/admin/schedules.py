@@ -49,11 +49,16 @@ from django_pgqueue.admin.databases import (
     with_database,
 )
 from django_pgqueue.admin.input import ForgedInputMixin, JSONInput
-from django_pgqueue.exceptions import InvalidTaskError
+from django_pgqueue.core.exceptions import InvalidTaskError
 from django_pgqueue.models import Schedule
-from django_pgqueue.periodic import ScheduleDefinition, next_tick, run_now, schedule_registry
-from django_pgqueue.registry import registry
-from django_pgqueue.runtime_schedules import (
+from django_pgqueue.tasking.periodic import (
+    ScheduleDefinition,
+    next_tick,
+    run_now,
+    schedule_registry,
+)
+from django_pgqueue.tasking.registry import registry
+from django_pgqueue.tasking.runtime_schedules import (
     InvalidScheduleError,
     ScheduleDoesNotExist,
     add_schedule,

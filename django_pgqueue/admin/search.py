@@ -34,7 +34,7 @@ from django.http import HttpRequest
 
 from django_pgqueue.admin.common import PAYLOAD_FIELDS, payloads_shown
 from django_pgqueue.admin.input import JSONInput, task_id
-from django_pgqueue.conf import get_settings
+from django_pgqueue.core.conf import get_settings
 from django_pgqueue.models import Task
 
 # URL parameter -> (label, what it matches)

@@ -21,7 +21,6 @@ from django.urls import path, reverse
 from django.utils import timezone
 from django.utils.html import format_html, format_html_join
 
-from django_pgqueue import operations
 from django_pgqueue.admin.bulk import (
     bulk_action,
     cancel_batch,
@@ -64,8 +63,8 @@ from django_pgqueue.admin.input import (
 from django_pgqueue.admin.operation import Operation
 from django_pgqueue.admin.search import PARAMETERS as SEARCH_PARAMETERS
 from django_pgqueue.admin.search import ContentSearchFilter, search_context, searching
-from django_pgqueue.conf import get_settings, queue_databases, read_database
-from django_pgqueue.exceptions import InvalidTaskError
+from django_pgqueue.core.conf import get_settings, queue_databases, read_database
+from django_pgqueue.core.exceptions import InvalidTaskError
 from django_pgqueue.models import (
     LIVE_STATES,
     TERMINAL_STATES,
@@ -75,8 +74,9 @@ from django_pgqueue.models import (
     TaskState,
     Worker,
 )
-from django_pgqueue.overview import WAIT_REASONS, humanize_seconds
-from django_pgqueue.registry import registry
+from django_pgqueue.ops import operations
+from django_pgqueue.ops.overview import WAIT_REASONS, humanize_seconds
+from django_pgqueue.tasking.registry import registry
 from django_pgqueue.templatetags.pgqueue_admin import short_name
 
 # Dependency edges listed on a task's page, each way: a chord's callback may wait for

@@ -27,11 +27,11 @@ from django_pgqueue.admin.databases import (
 from django_pgqueue.admin.input import (
     ForgedInputMixin,
 )
-from django_pgqueue.conf import get_settings
+from django_pgqueue.core.conf import get_settings
 from django_pgqueue.models import (
     Worker,
 )
-from django_pgqueue.overview import humanize_seconds
+from django_pgqueue.ops.overview import humanize_seconds
 from django_pgqueue.templatetags.pgqueue_admin import short_name
 
 

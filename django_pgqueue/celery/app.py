@@ -44,7 +44,7 @@ from django_pgqueue.celery.exceptions import Unsupported
 from django_pgqueue.celery.result import AsyncResult, GroupResult
 from django_pgqueue.celery.signals import Signal
 from django_pgqueue.celery.task import Task, add_autoretry, make_task
-from django_pgqueue.signals import tasks_imported
+from django_pgqueue.core.signals import tasks_imported
 
 # The keys this package reads, with Celery's defaults. Any other key is kept (and
 # means nothing here: broker and result backend settings, worker settings...).

@@ -18,9 +18,9 @@ from django_pgqueue.celery import registry as celery_registry
 from django_pgqueue.celery.encoding import encode
 from django_pgqueue.celery.exceptions import Unsupported
 from django_pgqueue.celery.schedules import crontab, schedule, seconds
-from django_pgqueue.exceptions import InvalidTaskError, TaskNotRegistered
-from django_pgqueue.periodic import ScheduleDefinition, periodic
-from django_pgqueue.registry import TaskDefinition, registry
+from django_pgqueue.core.exceptions import InvalidTaskError, TaskNotRegistered
+from django_pgqueue.tasking.periodic import ScheduleDefinition, periodic
+from django_pgqueue.tasking.registry import TaskDefinition, registry
 
 ENTRY_KEYS = frozenset({"task", "schedule", "args", "kwargs", "options", "relative"})
 ENTRY_OPTIONS = frozenset({"queue", "priority", "expires", "routing_key", "exchange"})

@@ -19,9 +19,9 @@ from django.db import connections, transaction
 
 from django_pgqueue.celery import options as celery_options
 from django_pgqueue.celery.state import get_current_app
-from django_pgqueue.exceptions import InvalidTaskError, TaskNotRegistered
-from django_pgqueue.registry import registry
-from django_pgqueue.runtime_schedules import add_schedule, check_schedule
+from django_pgqueue.core.exceptions import InvalidTaskError, TaskNotRegistered
+from django_pgqueue.tasking.registry import registry
+from django_pgqueue.tasking.runtime_schedules import add_schedule, check_schedule
 
 TASKS_TABLE = "django_celery_beat_periodictask"
 _PERIODS = {"days": 86400, "hours": 3600, "minutes": 60, "seconds": 1, "microseconds": 1e-6}

@@ -31,14 +31,14 @@ from django_pgqueue.celery.exceptions import Unsupported
 from django_pgqueue.celery.result import TASK_ID_KEY, AsyncResult, GroupResult
 from django_pgqueue.celery.signals import after_task_publish, before_task_publish
 from django_pgqueue.celery.state import get_current_app
-from django_pgqueue.conf import database_for, get_settings
-from django_pgqueue.exceptions import InvalidTaskError
-from django_pgqueue.options import validate_task_name
-from django_pgqueue.registry import TaskDefinition
-from django_pgqueue.reprs import short_repr
-from django_pgqueue.retry import RetryPolicy
-from django_pgqueue.workflows import Step
-from django_pgqueue.workflows import group as group_steps
+from django_pgqueue.core.conf import database_for, get_settings
+from django_pgqueue.core.exceptions import InvalidTaskError
+from django_pgqueue.core.options import validate_task_name
+from django_pgqueue.core.reprs import short_repr
+from django_pgqueue.core.retry import RetryPolicy
+from django_pgqueue.tasking.registry import TaskDefinition
+from django_pgqueue.tasking.workflows import Step
+from django_pgqueue.tasking.workflows import group as group_steps
 
 # The key of a row's metadata where a Celery call notes what the worker needs:
 # "pipe" (the parent whose result is the first argument, or a chord's members, whose

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from django_pgqueue.exceptions import PgQueueError
+from django_pgqueue.core.exceptions import PgQueueError
 
 
 class Unsupported(PgQueueError, NotImplementedError):

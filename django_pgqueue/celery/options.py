@@ -15,9 +15,9 @@ from typing import Any
 from django.utils import timezone
 
 from django_pgqueue.celery.exceptions import Unsupported
-from django_pgqueue.exceptions import InvalidTaskError
-from django_pgqueue.options import PRIORITY_MAX, PRIORITY_MIN
-from django_pgqueue.reprs import short_repr
+from django_pgqueue.core.exceptions import InvalidTaskError
+from django_pgqueue.core.options import PRIORITY_MAX, PRIORITY_MIN
+from django_pgqueue.core.reprs import short_repr
 
 # Celery's priorities: with Redis (and the other virtual transports) 0 is the highest
 # of 0..9 and a task without one counts as 0; with RabbitMQ 0 is the lowest of

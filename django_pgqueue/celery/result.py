@@ -23,8 +23,8 @@ from django_pgqueue.celery import states
 from django_pgqueue.celery.encoding import decode
 from django_pgqueue.celery.exceptions import TaskRevokedError, TimeoutError, Unsupported
 from django_pgqueue.celery.state import get_current_task
-from django_pgqueue.conf import get_settings
-from django_pgqueue.operations import cancel, delete_finished
+from django_pgqueue.core.conf import get_settings
+from django_pgqueue.ops.operations import cancel, delete_finished
 
 # The unique_key of a call given task_id=: AsyncResult(task_id) finds its row by it.
 TASK_ID_KEY = "celery:"

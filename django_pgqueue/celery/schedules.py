@@ -12,8 +12,8 @@ from datetime import timedelta
 from typing import Any
 
 from django_pgqueue.celery.exceptions import Unsupported
-from django_pgqueue.exceptions import InvalidTaskError
-from django_pgqueue.reprs import short_repr
+from django_pgqueue.core.exceptions import InvalidTaskError
+from django_pgqueue.core.reprs import short_repr
 
 
 class crontab:

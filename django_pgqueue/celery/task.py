@@ -65,14 +65,14 @@ from django_pgqueue.celery.signals import (
     task_success,
 )
 from django_pgqueue.celery.state import get_current_app, pop_task, push_task
-from django_pgqueue.context import TaskContext
-from django_pgqueue.exceptions import Cancelled, HandlerSignal, InvalidTaskError
-from django_pgqueue.exceptions import Retry as QueueRetry
-from django_pgqueue.operations import get_task
-from django_pgqueue.options import MAX_ATTEMPTS_LIMIT
-from django_pgqueue.registry import TaskDefinition
-from django_pgqueue.registry import task as queue_task
-from django_pgqueue.retry import exception_name
+from django_pgqueue.core.exceptions import Cancelled, HandlerSignal, InvalidTaskError
+from django_pgqueue.core.exceptions import Retry as QueueRetry
+from django_pgqueue.core.options import MAX_ATTEMPTS_LIMIT
+from django_pgqueue.core.retry import exception_name
+from django_pgqueue.ops.operations import get_task
+from django_pgqueue.tasking.context import TaskContext
+from django_pgqueue.tasking.registry import TaskDefinition
+from django_pgqueue.tasking.registry import task as queue_task
 
 _HOSTNAME = f"pgqueue@{socket.gethostname()}"
 

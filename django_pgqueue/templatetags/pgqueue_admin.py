@@ -9,7 +9,7 @@ from django import template
 from django.utils import formats, timezone
 from django.utils.text import capfirst
 
-from django_pgqueue.overview import HOLDS, WAIT_REASONS, humanize_seconds
+from django_pgqueue.ops.overview import HOLDS, WAIT_REASONS, humanize_seconds
 
 register = template.Library()
 

@@ -20,12 +20,12 @@ import json
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from django_pgqueue.conf import database_for, get_setting
-from django_pgqueue.payload import check_json, dumps
+from django_pgqueue.core.conf import database_for, get_setting
+from django_pgqueue.core.payload import check_json, dumps
 
 if TYPE_CHECKING:
     from django_pgqueue.models import Task
-    from django_pgqueue.registry import TaskDefinition
+    from django_pgqueue.tasking.registry import TaskDefinition
 
 # Tasks that have not run yet: "enqueued" in a test's sense.
 ENQUEUED_STATES: tuple[str, ...] = ("scheduled", "pending", "waiting")
@@ -104,7 +104,7 @@ def refute_enqueued(
 
 
 def _task_name(task: TaskDefinition | str | None) -> str | None:
-    from django_pgqueue.registry import TaskDefinition
+    from django_pgqueue.tasking.registry import TaskDefinition
 
     if task is None or isinstance(task, str):
         return task
@@ -116,7 +116,7 @@ def _task_name(task: TaskDefinition | str | None) -> str | None:
 
 
 def _alias(task: TaskDefinition | str | None, queue: str | None, database: str | None) -> str:
-    from django_pgqueue.registry import TaskDefinition
+    from django_pgqueue.tasking.registry import TaskDefinition
 
     if database is not None:
         return database

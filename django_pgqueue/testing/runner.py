@@ -39,12 +39,12 @@ from asgiref.sync import async_to_sync
 from django.db import connections, transaction
 from psycopg.types.json import JsonbLoader
 
-from django_pgqueue import encryption
-from django_pgqueue.conf import database_for, get_setting, get_settings
-from django_pgqueue.exceptions import Retry, TaskNotRegistered
-from django_pgqueue.registry import registry
-from django_pgqueue.signals import task_settled
-from django_pgqueue.sql import QUERIES
+from django_pgqueue.core.conf import database_for, get_setting, get_settings
+from django_pgqueue.core.exceptions import Retry, TaskNotRegistered
+from django_pgqueue.core.signals import task_settled
+from django_pgqueue.db import encryption
+from django_pgqueue.db.sql import QUERIES
+from django_pgqueue.tasking.registry import registry
 from django_pgqueue.worker.claimed import ClaimedTask, claimed_rows
 from django_pgqueue.worker.claimer import STAGE_BATCH, route_params, stage_params
 from django_pgqueue.worker.execution import execute, execute_async, execute_batch
@@ -70,7 +70,7 @@ RUN_LIMIT = 10_000
 # pass. Rows due by clock_timestamp() are made due by now(); with scheduled=True
 # (%(everything)s) every scheduled row is, retries waiting out their backoff included.
 # A test-time clock correction, not part of the queue's database contract: it lives
-# here rather than in sql/queries.sql. In autocommit now() is the statement's start,
+# here rather than in db/sql/queries.sql. In autocommit now() is the statement's start,
 # and only %(everything)s changes anything.
 _MAKE_DUE = """
 UPDATE pgqueue_task

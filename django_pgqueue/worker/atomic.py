@@ -38,14 +38,14 @@ from typing import Any
 
 from django.db import DataError, connections, transaction
 
-from django_pgqueue.conf import configured
-from django_pgqueue.enqueue_cursor import enqueue_cursor
-from django_pgqueue.exceptions import AtomicWriteRefused
-from django_pgqueue.limits import parse_limits
-from django_pgqueue.payload import dumps
-from django_pgqueue.registry import TaskDefinition
-from django_pgqueue.retry import ATOMIC_KEY
-from django_pgqueue.sql import QUERIES
+from django_pgqueue.core.conf import configured
+from django_pgqueue.core.exceptions import AtomicWriteRefused
+from django_pgqueue.core.limits import parse_limits
+from django_pgqueue.core.payload import dumps
+from django_pgqueue.core.retry import ATOMIC_KEY
+from django_pgqueue.db.enqueue_cursor import enqueue_cursor
+from django_pgqueue.db.sql import QUERIES
+from django_pgqueue.tasking.registry import TaskDefinition
 from django_pgqueue.worker import outcomes, task_logs
 from django_pgqueue.worker.claimed import ClaimedTask
 from django_pgqueue.worker.logging import task_fields

@@ -25,7 +25,7 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from django_pgqueue.registry import TaskDefinition
+from django_pgqueue.tasking.registry import TaskDefinition
 from django_pgqueue.worker.claimed import ClaimedTask
 from django_pgqueue.worker.claimer import _fetch, claim_statement, route_params
 from django_pgqueue.worker.connection import CONNECTION_ERRORS, Backoff, Session

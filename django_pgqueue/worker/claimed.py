@@ -18,8 +18,8 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from django_pgqueue import encryption
-from django_pgqueue.context import TaskContext
+from django_pgqueue.db import encryption
+from django_pgqueue.tasking.context import TaskContext
 
 if TYPE_CHECKING:
     import psycopg

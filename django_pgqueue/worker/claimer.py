@@ -48,10 +48,10 @@ from typing import TYPE_CHECKING, Any
 
 import psycopg
 
-from django_pgqueue import sql
-from django_pgqueue.fairness import fair_weights
-from django_pgqueue.limits import QueueLimit, Rate
-from django_pgqueue.sql import QUERIES
+from django_pgqueue.core.fairness import fair_weights
+from django_pgqueue.core.limits import QueueLimit, Rate
+from django_pgqueue.db import sql
+from django_pgqueue.db.sql import QUERIES
 from django_pgqueue.worker.claimed import ClaimedTask, claimed_rows
 from django_pgqueue.worker.connection import CONNECTION_ERRORS, Backoff, Session
 from django_pgqueue.worker.inflight import InFlight

@@ -33,8 +33,8 @@ import psycopg
 from django.db import connections
 from psycopg.types.json import set_json_loads
 
-from django_pgqueue.conf import get_settings
-from django_pgqueue.sql import QUERIES
+from django_pgqueue.core.conf import get_settings
+from django_pgqueue.db.sql import QUERIES
 
 logger = logging.getLogger("django_pgqueue.worker")
 

@@ -17,10 +17,7 @@ from typing import Any
 from asgiref.sync import sync_to_async
 from django.db import close_old_connections
 
-from django_pgqueue import middleware, tracing
-from django_pgqueue.batch import BatchCall
-from django_pgqueue.context import TaskContext
-from django_pgqueue.exceptions import (
+from django_pgqueue.core.exceptions import (
     _UNSET,
     Cancelled,
     Continue,
@@ -33,15 +30,18 @@ from django_pgqueue.exceptions import (
     Suspend,
     TaskNotRegistered,
 )
-from django_pgqueue.payload import (
+from django_pgqueue.core.payload import (
     CHECKPOINT_LIMIT,
     RESULT_LIMIT,
     check_json,
     check_stored_call,
     check_value_size,
 )
-from django_pgqueue.registry import TaskDefinition, registry
-from django_pgqueue.signals import task_started
+from django_pgqueue.core.signals import task_started
+from django_pgqueue.tasking import middleware, tracing
+from django_pgqueue.tasking.batch import BatchCall
+from django_pgqueue.tasking.context import TaskContext
+from django_pgqueue.tasking.registry import TaskDefinition, registry
 from django_pgqueue.worker import atomic, outcomes, task_logs
 from django_pgqueue.worker.asyncio_runner import AsyncRunner
 from django_pgqueue.worker.claimed import ClaimedTask

@@ -14,7 +14,7 @@ import logging
 import time
 from collections.abc import Callable
 
-from django_pgqueue.sql import QUERIES
+from django_pgqueue.db.sql import QUERIES
 from django_pgqueue.worker.claimed import ClaimedTask, Lease
 from django_pgqueue.worker.inflight import InFlight
 from django_pgqueue.worker.logging import task_fields

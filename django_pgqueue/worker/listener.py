@@ -34,7 +34,7 @@ from collections.abc import Callable
 import psycopg
 from psycopg import sql
 
-from django_pgqueue.sql import QUERIES
+from django_pgqueue.db.sql import QUERIES
 
 # The payload of queries.sql's schedules_changed: no queue name has a space.
 SCHEDULES_CHANGED = "schedules changed"

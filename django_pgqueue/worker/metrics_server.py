@@ -6,7 +6,7 @@ The worker counts what it does (outcomes, claims, lease renewals and losses,
 write-offs, handler processes killed or dead, run time, queue wait): ``watch_worker``
 mirrors its stats and settlements into ``WorkerMetrics``, and ``serve_worker_metrics``
 serves the default registry. The queue gauges read from the database are the web
-side's (``django_pgqueue.metrics``): a worker serves them only with
+side's (``django_pgqueue.ops.metrics``): a worker serves them only with
 ``PGQUEUE["WORKER_QUEUE_METRICS"]``, and imports that module only then.
 """
 
@@ -24,7 +24,7 @@ from prometheus_client import (
     start_http_server,
 )
 
-from django_pgqueue.conf import get_settings
+from django_pgqueue.core.conf import get_settings
 
 if TYPE_CHECKING:
     from django_pgqueue.worker.worker import Worker
@@ -178,20 +178,20 @@ def serve_worker_metrics(port: int, addr: str = "0.0.0.0") -> None:
     worker would otherwise read the same numbers from the database.
     """
     if get_settings().WORKER_QUEUE_METRICS:
-        from django_pgqueue.metrics import register_queue_collector
+        from django_pgqueue.ops.metrics import register_queue_collector
 
         register_queue_collector()
-    elif "django_pgqueue.metrics" in sys.modules:
+    elif "django_pgqueue.ops.metrics" in sys.modules:
         # The app registered the queue gauges at startup (QUEUE_METRICS): take them out
         # of this process's /metrics, without importing the collector otherwise.
-        sys.modules["django_pgqueue.metrics"].unregister_queue_collector()
+        sys.modules["django_pgqueue.ops.metrics"].unregister_queue_collector()
     start_http_server(port, addr=addr)
 
 
 def watch_worker(worker: Worker) -> None:
     """Mirror the worker's stats and settlements into the Prometheus metrics."""
     global _worker_metrics
-    from django_pgqueue.signals import task_settled
+    from django_pgqueue.core.signals import task_settled
 
     if _worker_metrics is None:
         _worker_metrics = WorkerMetrics()

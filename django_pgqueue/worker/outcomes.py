@@ -57,10 +57,10 @@ import traceback
 from dataclasses import dataclass, field
 from typing import Any
 
-from django_pgqueue import encryption
-from django_pgqueue.conf import get_settings
-from django_pgqueue.exceptions import EncryptionError
-from django_pgqueue.retry import RetryPolicy, backoff_fields, exception_rule
+from django_pgqueue.core.conf import get_settings
+from django_pgqueue.core.exceptions import EncryptionError
+from django_pgqueue.core.retry import RetryPolicy, backoff_fields, exception_rule
+from django_pgqueue.db import encryption
 from django_pgqueue.worker.claimed import ClaimedTask
 
 logger = logging.getLogger("django_pgqueue.worker")

@@ -52,7 +52,7 @@ from dataclasses import dataclass, fields
 from datetime import datetime
 from typing import Any
 
-from django_pgqueue.registry import registry
+from django_pgqueue.tasking.registry import registry
 from django_pgqueue.worker import outcomes, remote_error, task_logs
 from django_pgqueue.worker.asyncio_runner import AsyncRunner
 from django_pgqueue.worker.claimed import ClaimedTask, Lease

@@ -15,8 +15,8 @@ from typing import Any
 
 import psycopg
 
-from django_pgqueue.archive import Archive, ArchiveError
-from django_pgqueue.retention import Cursor, prune, prune_to_archive
+from django_pgqueue.ops.archive import Archive, ArchiveError
+from django_pgqueue.ops.retention import Cursor, prune, prune_to_archive
 from django_pgqueue.worker.connection import Session
 from django_pgqueue.worker.periodic import Fleet, Periodic
 from django_pgqueue.worker.stats import WorkerStats

@@ -28,9 +28,9 @@ from typing import Any
 
 from psycopg.rows import dict_row
 
-from django_pgqueue.runtime_schedules import runtime_definition
-from django_pgqueue.schedule import ScheduleDefinition
-from django_pgqueue.sql import QUERIES
+from django_pgqueue.db.sql import QUERIES
+from django_pgqueue.tasking.runtime_schedules import runtime_definition
+from django_pgqueue.tasking.schedule import ScheduleDefinition
 from django_pgqueue.worker.connection import Session
 from django_pgqueue.worker.stats import WorkerStats
 

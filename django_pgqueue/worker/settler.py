@@ -38,11 +38,11 @@ from datetime import timedelta
 
 import psycopg
 
-from django_pgqueue import sql
-from django_pgqueue.exceptions import TaskNotRegistered
-from django_pgqueue.registry import registry
-from django_pgqueue.signals import task_settled
-from django_pgqueue.sql import QUERIES
+from django_pgqueue.core.exceptions import TaskNotRegistered
+from django_pgqueue.core.signals import task_settled
+from django_pgqueue.db import sql
+from django_pgqueue.db.sql import QUERIES
+from django_pgqueue.tasking.registry import registry
 from django_pgqueue.worker import outcomes, task_logs
 from django_pgqueue.worker.claimed import Lease
 from django_pgqueue.worker.connection import CONNECTION_ERRORS, Session

@@ -33,8 +33,8 @@ import threading
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
-from django_pgqueue.conf import get_settings
-from django_pgqueue.sql import QUERIES
+from django_pgqueue.core.conf import get_settings
+from django_pgqueue.db.sql import QUERIES
 from django_pgqueue.worker.attempt_log import AttemptLog, Limits
 from django_pgqueue.worker.logging import current_lease
 

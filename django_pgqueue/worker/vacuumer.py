@@ -18,7 +18,7 @@ from __future__ import annotations
 import logging
 import time
 
-from django_pgqueue.sql import QUERIES
+from django_pgqueue.db.sql import QUERIES
 from django_pgqueue.worker.connection import Session, connect
 from django_pgqueue.worker.periodic import Fleet, Periodic
 from django_pgqueue.worker.stats import WorkerStats

@@ -18,12 +18,12 @@ from dataclasses import field, make_dataclass, replace
 from functools import partial
 
 from django_pgqueue import __version__
-from django_pgqueue.conf import SETTINGS, database_for, get_settings
-from django_pgqueue.limits import queue_limits
-from django_pgqueue.middleware import stack as middleware_stack
-from django_pgqueue.registry import registry
-from django_pgqueue.schedule import schedule_registry
-from django_pgqueue.sql import QUERIES
+from django_pgqueue.core.conf import SETTINGS, database_for, get_settings
+from django_pgqueue.core.limits import queue_limits
+from django_pgqueue.db.sql import QUERIES
+from django_pgqueue.tasking.middleware import stack as middleware_stack
+from django_pgqueue.tasking.registry import registry
+from django_pgqueue.tasking.schedule import schedule_registry
 from django_pgqueue.worker import task_logs
 from django_pgqueue.worker.async_slots import AsyncSlots
 from django_pgqueue.worker.asyncio_runner import AsyncRunner

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from django.core.management.base import CommandError, CommandParser
 
-from django_pgqueue.conf import queue_databases
+from django_pgqueue.core.conf import queue_databases
 
 
 def add_database_argument(parser: CommandParser, what: str) -> None:

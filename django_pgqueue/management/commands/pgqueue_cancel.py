@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from django.core.management.base import BaseCommand, CommandError
 
-from django_pgqueue import operations
 from django_pgqueue.management.commands._database import add_database_argument, database_option
+from django_pgqueue.ops import operations
 
 
 class Command(BaseCommand):

@@ -11,9 +11,9 @@ import sys
 
 from django.core.management.base import BaseCommand, CommandError
 
-from django_pgqueue import doctor
-from django_pgqueue.conf import get_settings
+from django_pgqueue.core.conf import get_settings
 from django_pgqueue.management.commands._database import database_option
+from django_pgqueue.ops import doctor
 
 LABELS = {doctor.INFO: "info", doctor.WARNING: "WARNING", doctor.PROBLEM: "PROBLEM"}
 

@@ -6,9 +6,9 @@ import json
 
 from django.core.management.base import BaseCommand, CommandError
 
-from django_pgqueue import operations
-from django_pgqueue.exceptions import InvalidTaskError
-from django_pgqueue.fairness import fair_weights
+from django_pgqueue.core.exceptions import InvalidTaskError
+from django_pgqueue.core.fairness import fair_weights
+from django_pgqueue.ops import operations
 
 
 class Command(BaseCommand):

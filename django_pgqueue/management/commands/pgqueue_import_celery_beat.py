@@ -7,7 +7,7 @@ from django.core.management.base import BaseCommand, CommandError
 from django.db import connections
 
 from django_pgqueue.celery import beat_import
-from django_pgqueue.runtime_schedules import InvalidScheduleError
+from django_pgqueue.tasking.runtime_schedules import InvalidScheduleError
 
 
 class Command(BaseCommand):

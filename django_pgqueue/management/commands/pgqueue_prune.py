@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from django.core.management.base import BaseCommand, CommandError
 
-from django_pgqueue import operations
-from django_pgqueue.archive import ArchiveError
-from django_pgqueue.conf import get_settings, queue_databases
+from django_pgqueue.core.conf import get_settings, queue_databases
+from django_pgqueue.core.retry import MAX_SECONDS
 from django_pgqueue.management.commands._database import add_database_argument, database_option
-from django_pgqueue.retry import MAX_SECONDS
+from django_pgqueue.ops import operations
+from django_pgqueue.ops.archive import ArchiveError
 
 BATCH_MAX = 1_000_000
 

@@ -8,11 +8,11 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError
 from django.utils import timezone
 
-from django_pgqueue import operations
-from django_pgqueue.conf import database_for, get_settings, queue_databases
-from django_pgqueue.exceptions import InvalidTaskError
-from django_pgqueue.limits import queue_limits
-from django_pgqueue.registry import registry
+from django_pgqueue.core.conf import database_for, get_settings, queue_databases
+from django_pgqueue.core.exceptions import InvalidTaskError
+from django_pgqueue.core.limits import queue_limits
+from django_pgqueue.ops import operations
+from django_pgqueue.tasking.registry import registry
 
 
 class Command(BaseCommand):

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from django.core.management.base import BaseCommand, CommandError
 
-from django_pgqueue import operations
-from django_pgqueue.conf import queue_databases
-from django_pgqueue.exceptions import EncryptionError
+from django_pgqueue.core.conf import queue_databases
+from django_pgqueue.core.exceptions import EncryptionError
 from django_pgqueue.management.commands._database import add_database_argument, database_option
+from django_pgqueue.ops import operations
 
 BATCH_MAX = 100_000
 LISTED = 20

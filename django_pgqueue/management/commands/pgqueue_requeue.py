@@ -9,10 +9,10 @@ from django.core.management.base import BaseCommand, CommandError
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
-from django_pgqueue import archive, operations
-from django_pgqueue.exceptions import InvalidTaskError
+from django_pgqueue.core.exceptions import InvalidTaskError
+from django_pgqueue.core.payload import check_text
 from django_pgqueue.management.commands._database import add_database_argument, database_option
-from django_pgqueue.payload import check_text
+from django_pgqueue.ops import archive, operations
 
 RELATIVE = re.compile(r"^(\d+(?:\.\d+)?)([smhd])$")
 UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days"}

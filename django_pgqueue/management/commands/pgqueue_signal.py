@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from django.core.management.base import BaseCommand, CommandError
 
-from django_pgqueue import operations
-from django_pgqueue.exceptions import EncryptionError, InvalidTaskError, TaskDoesNotExist
+from django_pgqueue.core.exceptions import EncryptionError, InvalidTaskError, TaskDoesNotExist
+from django_pgqueue.core.payload import parse_json
 from django_pgqueue.management.commands._database import add_database_argument, database_option
-from django_pgqueue.payload import parse_json
+from django_pgqueue.ops import operations
 
 
 class Command(BaseCommand):

@@ -12,18 +12,18 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError
 from django.utils import timezone
 
-from django_pgqueue import operations
-from django_pgqueue.conf import queue_databases
-from django_pgqueue.exceptions import TaskDoesNotExist
+from django_pgqueue.core.conf import queue_databases
+from django_pgqueue.core.exceptions import TaskDoesNotExist
 from django_pgqueue.management.commands._database import add_database_argument, database_option
-from django_pgqueue.overview import (
+from django_pgqueue.ops import operations
+from django_pgqueue.ops.overview import (
     HOLDS,
     WAIT_REASONS,
     QueueGroup,
     all_groups,
     humanize_seconds,
 )
-from django_pgqueue.periodic import schedules
+from django_pgqueue.tasking.periodic import schedules
 
 COLUMNS = (
     ("due", "pending_routable"),

@@ -13,9 +13,8 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import OperationalError
 
-from django_pgqueue import encryption
 from django_pgqueue.checks import unapplied_migrations, unapplied_problem
-from django_pgqueue.conf import (
+from django_pgqueue.core.conf import (
     SETTINGS,
     SETTINGS_BY_NAME,
     Setting,
@@ -24,8 +23,9 @@ from django_pgqueue.conf import (
     queue_databases,
     queues_by_database,
 )
-from django_pgqueue.options import validate_queue
-from django_pgqueue.registry import missing_task_modules, registry
+from django_pgqueue.core.options import validate_queue
+from django_pgqueue.db import encryption
+from django_pgqueue.tasking.registry import missing_task_modules, registry
 from django_pgqueue.worker.logging import configure_logging, configured_format
 from django_pgqueue.worker.worker import EXIT_RECYCLE, Worker, WorkerOptions, reexec
 

@@ -10,8 +10,8 @@ from django.core.management.base import BaseCommand, CommandError
 from django.db import transaction
 
 from django_pgqueue.models import TERMINAL_STATES, Task
+from django_pgqueue.tasking.workflows import chord
 from django_pgqueue.worker.worker import Worker, WorkerOptions
-from django_pgqueue.workflows import chord
 from example_project.shop.models import Order
 from example_project.shop.tasks import (
     bundle_invoice,

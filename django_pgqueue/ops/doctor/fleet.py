@@ -8,8 +8,9 @@ from collections import Counter, defaultdict
 from datetime import UTC, datetime
 from typing import Any
 
-from django_pgqueue.conf import database_for
-from django_pgqueue.doctor.common import (
+from django_pgqueue.core.conf import database_for
+from django_pgqueue.core.limits import QueueLimit, queue_limits
+from django_pgqueue.ops.doctor.common import (
     INFO,
     PROBLEM,
     WARNING,
@@ -18,8 +19,7 @@ from django_pgqueue.doctor.common import (
     Thresholds,
     round_value,
 )
-from django_pgqueue.limits import QueueLimit, queue_limits
-from django_pgqueue.overview import QueueGroup, humanize_seconds
+from django_pgqueue.ops.overview import QueueGroup, humanize_seconds
 
 # -- queues -------------------------------------------------------------------------------
 
@@ -316,8 +316,8 @@ def _schedule_periods(alias: str) -> list[tuple[str, str, float]]:
     """(name, queue, longest gap between its next ticks) of the schedules whose queue
     is on ``alias``: those declared in code and those added at runtime."""
     from django_pgqueue.models import Schedule
-    from django_pgqueue.runtime_schedules import runtime_definition
-    from django_pgqueue.schedule import schedule_registry
+    from django_pgqueue.tasking.runtime_schedules import runtime_definition
+    from django_pgqueue.tasking.schedule import schedule_registry
 
     schedules = {s.name: s for s in schedule_registry.all()}
     for row in Schedule.objects.using(alias).exclude(definition=None).only("name", "definition"):

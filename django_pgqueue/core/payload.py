@@ -27,9 +27,9 @@ import json
 import math
 from typing import Any, NamedTuple
 
-from django_pgqueue.conf import get_setting
-from django_pgqueue.exceptions import InvalidTaskError, PayloadTooLarge
-from django_pgqueue.reprs import short_repr
+from django_pgqueue.core.conf import get_setting
+from django_pgqueue.core.exceptions import InvalidTaskError, PayloadTooLarge
+from django_pgqueue.core.reprs import short_repr
 
 _MAX_DEPTH = 100
 INT_DIGITS_MAX = 1000

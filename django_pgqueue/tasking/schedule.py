@@ -17,11 +17,11 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from django.core.exceptions import ImproperlyConfigured
 
-from django_pgqueue.enqueue import build_row
-from django_pgqueue.exceptions import PgQueueError
-from django_pgqueue.registry import TaskDefinition
-from django_pgqueue.reprs import short_repr
-from django_pgqueue.ticks import MISSED_POLICIES, Cron, Every, InvalidSchedule, Ticks, due
+from django_pgqueue.core.exceptions import PgQueueError
+from django_pgqueue.core.reprs import short_repr
+from django_pgqueue.core.ticks import MISSED_POLICIES, Cron, Every, InvalidSchedule, Ticks, due
+from django_pgqueue.tasking.enqueue import build_row
+from django_pgqueue.tasking.registry import TaskDefinition
 
 NAME_MAX_LENGTH = 255  # pgqueue_schedule.name
 CATCH_UP_LIMIT_MAX = 1000

@@ -13,9 +13,9 @@ from typing import Any
 from django.db import DatabaseError, connections, transaction
 from django.utils import timezone
 
-from django_pgqueue.conf import get_settings
-from django_pgqueue.overview import QueueGroup, database_groups, humanize_seconds
-from django_pgqueue.sql import QUERIES
+from django_pgqueue.core.conf import get_settings
+from django_pgqueue.db.sql import QUERIES
+from django_pgqueue.ops.overview import QueueGroup, database_groups, humanize_seconds
 
 INFO, WARNING, PROBLEM = "info", "warning", "problem"
 SEVERITIES = (INFO, WARNING, PROBLEM)

@@ -14,13 +14,10 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from django.core.signals import setting_changed
 from django.db import ProgrammingError, connections, transaction
 
-from django_pgqueue import encryption, tracing
-from django_pgqueue.conf import database_for, migrate_command
-from django_pgqueue.enqueue_cursor import enqueue_cursor
-from django_pgqueue.exceptions import InvalidTaskError, TransactionDatabaseError
-from django_pgqueue.fairness import fair_weights
-from django_pgqueue.middleware import before_enqueue
-from django_pgqueue.options import (
+from django_pgqueue.core.conf import database_for, migrate_command
+from django_pgqueue.core.exceptions import InvalidTaskError, TransactionDatabaseError
+from django_pgqueue.core.fairness import fair_weights
+from django_pgqueue.core.options import (
     LIVE_STATES,
     TASK_STATES,
     Call,
@@ -28,7 +25,7 @@ from django_pgqueue.options import (
     check_run_at,
     check_unique_key,
 )
-from django_pgqueue.payload import (
+from django_pgqueue.core.payload import (
     ARGS_LIMIT,
     METADATA_LIMIT,
     check_json,
@@ -36,12 +33,16 @@ from django_pgqueue.payload import (
     dumps,
     fits,
 )
-from django_pgqueue.retry import ATOMIC_KEY
-from django_pgqueue.sql import QUERIES
+from django_pgqueue.core.retry import ATOMIC_KEY
+from django_pgqueue.db import encryption
+from django_pgqueue.db.enqueue_cursor import enqueue_cursor
+from django_pgqueue.db.sql import QUERIES
+from django_pgqueue.tasking import tracing
+from django_pgqueue.tasking.middleware import before_enqueue
 
 if TYPE_CHECKING:
-    from django_pgqueue.registry import TaskDefinition
-    from django_pgqueue.retry import RetryPolicy
+    from django_pgqueue.core.retry import RetryPolicy
+    from django_pgqueue.tasking.registry import TaskDefinition
 
 
 def check_transaction(definition: TaskDefinition, queue: str, alias: str, how: str) -> None:

@@ -15,8 +15,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, Protocol, TypeVar
 
-from django_pgqueue.archive import Archive
-from django_pgqueue.sql import QUERIES
+from django_pgqueue.db.sql import QUERIES
+from django_pgqueue.ops.archive import Archive
 
 T = TypeVar("T")
 # The most stored bytes of rows one archived batch reads (prune_archive_batch): a batch

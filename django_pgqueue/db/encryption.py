@@ -31,9 +31,9 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from django_pgqueue.conf import configured
-from django_pgqueue.exceptions import EncryptionError
-from django_pgqueue.payload import dumps
+from django_pgqueue.core.conf import configured
+from django_pgqueue.core.exceptions import EncryptionError
+from django_pgqueue.core.payload import dumps
 
 MARKER = "$enc"
 # What the task's code, or whoever enqueued or signalled the task, put in the row: each

@@ -28,7 +28,7 @@ from typing import Any, NamedTuple
 
 from django.conf import settings as django_settings
 
-from django_pgqueue.reprs import short_repr
+from django_pgqueue.core.reprs import short_repr
 
 
 class Problem(NamedTuple):

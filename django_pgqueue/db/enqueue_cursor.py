@@ -36,7 +36,7 @@ from django.db.backends.utils import CursorWrapper
 from psycopg.pq import Format
 from psycopg.types.datetime import TimestamptzLoader
 
-from django_pgqueue.conf import get_setting
+from django_pgqueue.core.conf import get_setting
 
 # Django opens its connections with prepare_threshold=None, under which psycopg ignores
 # prepare=True. A threshold no statement reaches lets an explicit prepare=True through

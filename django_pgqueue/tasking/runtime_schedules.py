@@ -24,17 +24,18 @@ from typing import Any
 from django.core.exceptions import ImproperlyConfigured
 from django.db import connections
 
-from django_pgqueue.exceptions import InvalidTaskError, PgQueueError, TaskNotRegistered
-from django_pgqueue.options import (
+from django_pgqueue.core.exceptions import InvalidTaskError, PgQueueError, TaskNotRegistered
+from django_pgqueue.core.options import (
     validate_max_attempts,
     validate_priority,
     validate_queue,
     validate_timeout,
 )
-from django_pgqueue.payload import check_json, check_text
-from django_pgqueue.registry import registry
-from django_pgqueue.reprs import short_repr
-from django_pgqueue.schedule import (
+from django_pgqueue.core.payload import check_json, check_text
+from django_pgqueue.core.reprs import short_repr
+from django_pgqueue.db.sql import QUERIES
+from django_pgqueue.tasking.registry import registry
+from django_pgqueue.tasking.schedule import (
     NAME_MAX_LENGTH,
     ScheduleDefinition,
     check_args,
@@ -43,7 +44,6 @@ from django_pgqueue.schedule import (
     schedule_registry,
     schedule_ticks,
 )
-from django_pgqueue.sql import QUERIES
 
 logger = logging.getLogger("django_pgqueue")
 
@@ -240,7 +240,7 @@ def _write(alias: str, query: str, params: dict[str, Any]) -> dict[str, Any] | N
 def _database(name: str, queue: str | None, using: str | None) -> str:
     """Where a schedule's row is: ``using``, its queue's database, or (a name only)
     the first database with a task table that has the row."""
-    from django_pgqueue.conf import database_for, queue_databases
+    from django_pgqueue.core.conf import database_for, queue_databases
 
     if using is not None:
         return using
@@ -361,7 +361,7 @@ def update_schedule(name: str, *, using: str | None = None, **changes: Any) -> S
     if "every" in changes and "cron" not in changes:
         fields["cron"] = None
     data, schedule = _stored(name, fields)
-    from django_pgqueue.conf import database_for
+    from django_pgqueue.core.conf import database_for
 
     if database_for(schedule.queue) != alias and using is None:
         raise InvalidScheduleError(

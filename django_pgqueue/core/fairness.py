@@ -24,8 +24,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from django_pgqueue.conf import get_setting
-from django_pgqueue.reprs import short_repr
+from django_pgqueue.core.conf import get_setting
+from django_pgqueue.core.reprs import short_repr
 
 # The weights a key may have (the same range as the pgqueue_fair_weight_range check).
 WEIGHT_MIN_EXCLUSIVE, WEIGHT_MAX = 0.0, 1_000_000.0

@@ -33,9 +33,9 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from django_pgqueue.conf import get_setting
-from django_pgqueue.options import validate_queue
-from django_pgqueue.reprs import short_repr
+from django_pgqueue.core.conf import get_setting
+from django_pgqueue.core.options import validate_queue
+from django_pgqueue.core.reprs import short_repr
 
 _RATE = re.compile(r"\s*(\d+)\s*/\s*(\d*(?:\.\d+)?)\s*(s|sec|second|m|min|minute|h|hour|d|day)\s*")
 _UNIT_SECONDS = {"s": 1, "sec": 1, "second": 1, "m": 60, "min": 60, "minute": 60,

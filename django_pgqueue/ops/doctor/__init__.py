@@ -15,7 +15,7 @@ warnings, 2 problems), the admin's queue overview shows them, and the
 
 The groups, each run in its own short transaction under a statement timeout (a group
 that fails is a ``doctor.error`` finding, and the others still run); the statements are
-in sql/doctor.sql:
+in db/sql/doctor.sql:
 
 - ``horizon``: sessions, prepared transactions, replication slots and standbys that
   hold back vacuum, with their age;
@@ -41,9 +41,9 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 
-from django_pgqueue.conf import queue_databases
-from django_pgqueue.doctor import database, fleet
-from django_pgqueue.doctor.common import (
+from django_pgqueue.core.conf import queue_databases
+from django_pgqueue.ops.doctor import database, fleet
+from django_pgqueue.ops.doctor.common import (
     CHECK_IDS,
     CLEAN_PROBE_BUFFERS,
     GROUPS,

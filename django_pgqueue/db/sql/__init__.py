@@ -1,7 +1,9 @@
 """The named SQL statements, loaded once: ``queries.sql``, the queue's own (the database
 contract), and ``doctor.sql``, the queue doctor's reads of PostgreSQL's catalogs.
 
-``QUERIES["claim"]`` is the text of the statement headed ``-- name: claim``.
+``QUERIES["claim"]`` is the text of the statement headed ``-- name: claim``. Every
+place the code names a statement, and the dict of parameters it passes, is checked
+against these files by tests/test_statements.py.
 """
 
 from __future__ import annotations

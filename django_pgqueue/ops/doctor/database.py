@@ -8,7 +8,8 @@ from typing import Any
 
 from django.db import DatabaseError, transaction
 
-from django_pgqueue.doctor.common import (
+from django_pgqueue.db.sql import QUERIES
+from django_pgqueue.ops.doctor.common import (
     CLEAN_PROBE_BUFFERS,
     INFO,
     PROBLEM,
@@ -23,7 +24,6 @@ from django_pgqueue.doctor.common import (
     rounded,
     size_words,
 )
-from django_pgqueue.sql import QUERIES
 
 # -- horizon ------------------------------------------------------------------------------
 

@@ -1,6 +1,6 @@
 -- The database contract of django_pgqueue: every statement of the hot path, by name.
 --
--- Python calls these by name (django_pgqueue/sql/__init__.py). Parameters use the
+-- Python calls these by name (django_pgqueue/db/sql/__init__.py). Parameters use the
 -- psycopg/Django pyformat style, %(name)s. Each statement says which index it relies on
 -- and which race it closes. All time comparisons use the database's now(), never a
 -- worker's clock.

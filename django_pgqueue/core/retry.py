@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from django_pgqueue.reprs import short_repr
+from django_pgqueue.core.reprs import short_repr
 
 # The longest delay, backoff or timeout the queue stores: 10 years. PostgreSQL's
 # interval and timestamptz hold far more, but a bound keeps `now() + delay` inside

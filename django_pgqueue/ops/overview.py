@@ -20,10 +20,10 @@ from django.db.models import Count, Sum
 from django.db.models.functions import Coalesce, Now
 from django.utils import timezone
 
-from django_pgqueue import operations
-from django_pgqueue.conf import get_settings, queue_databases, read_database
-from django_pgqueue.limits import QueueLimit, queue_limits
+from django_pgqueue.core.conf import get_settings, queue_databases, read_database
+from django_pgqueue.core.limits import QueueLimit, queue_limits
 from django_pgqueue.models import Worker
+from django_pgqueue.ops import operations
 
 
 def humanize_seconds(seconds: float | None) -> str:

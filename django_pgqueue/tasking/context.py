@@ -12,16 +12,16 @@ from asgiref.sync import sync_to_async
 from django.db import connections
 from django.utils import timezone
 
-from django_pgqueue import encryption
-from django_pgqueue.exceptions import _UNSET, InvalidTaskError, LeaseLost, Suspend
-from django_pgqueue.payload import (
+from django_pgqueue.core.exceptions import _UNSET, InvalidTaskError, LeaseLost, Suspend
+from django_pgqueue.core.payload import (
     CHECKPOINT_LIMIT,
     PROGRESS_LIMIT,
     check_json,
     check_size,
     dumps,
 )
-from django_pgqueue.sql import QUERIES
+from django_pgqueue.db import encryption
+from django_pgqueue.db.sql import QUERIES
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 # The namespace of idempotency keys (uuid5 of "django_pgqueue" in the URL namespace).

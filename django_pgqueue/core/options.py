@@ -20,10 +20,10 @@ from django.conf import settings
 from django.db import connections
 from django.utils import timezone
 
-from django_pgqueue.exceptions import InvalidTaskError
-from django_pgqueue.payload import check_text
-from django_pgqueue.reprs import short_repr
-from django_pgqueue.retry import MAX_SECONDS, RetryPolicy, exception_names
+from django_pgqueue.core.exceptions import InvalidTaskError
+from django_pgqueue.core.payload import check_text
+from django_pgqueue.core.reprs import short_repr
+from django_pgqueue.core.retry import MAX_SECONDS, RetryPolicy, exception_names
 
 QUEUE_NAME = re.compile(r"[A-Za-z0-9_.:-]{1,100}")
 TASK_NAME_MAX_LENGTH = 255  # the task_name column
