@@ -320,8 +320,8 @@ def inserted_rows() -> int:
 def w8_claim_latency(terminal_rows: int, samples: int = 500) -> dict[str, Any]:
     """The claim statement alone (limit 10, as a worker runs it), timed on a worker
     connection, with ``terminal_rows`` finished rows in the table."""
-    from django_pgqueue.tasking.registry import registry
     from django_pgqueue.db.sql import QUERIES
+    from django_pgqueue.tasking.registry import registry
     from django_pgqueue.worker.claimer import route_params
     from django_pgqueue.worker.connection import connect
 
