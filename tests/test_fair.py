@@ -248,6 +248,22 @@ def test_scheduled_tasks_of_a_key_take_turns_when_they_become_due(pg):
 
 
 @pytest.mark.usefixtures("fair_statement")
+def test_tasks_coming_due_join_the_flows_at_their_head_not_behind_finished_places(pg):
+    # Given a customer's backlog, part of it served already (those rows finished, with
+    # the places they had)
+    fair_job.enqueue_many([("now", n) for n in range(50)])
+    drain(pg, 10, 2)
+
+    # When 10 tasks of another customer, scheduled, come due
+    fair_job.using(delay=3600).enqueue_many([("later", n) for n in range(10)])
+    pg.execute("UPDATE pgqueue_task SET run_at = now() WHERE state = 'scheduled'")
+    taken = drain(pg, 10, 1)
+
+    # Then they share the next claim with the backlog, from where it stands now
+    assert taken == [{"customer:later": 5, "customer:now": 5}]
+
+
+@pytest.mark.usefixtures("fair_statement")
 def test_two_fair_tasks_are_flows_of_their_own_beside_plain_tasks(pg):
     fair_job.enqueue_many([("a", n) for n in range(20)])
     fair_other.enqueue_many([("a", n) for n in range(20)])
