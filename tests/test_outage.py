@@ -85,7 +85,9 @@ def test_worker_survives_its_connections_being_terminated(start_worker, pg):
 
     killed = pg.execute(
         "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
-        "WHERE application_name = 'django_pgqueue worker' AND pid <> pg_backend_pid()"
+        "WHERE application_name = 'django_pgqueue worker' AND pid <> pg_backend_pid() "
+        # this test's database only: other tests (xdist's other processes) share the server
+        "AND datname = current_database()"
     ).fetchone()[0]
     second = tasks.noop.enqueue(2)
 
