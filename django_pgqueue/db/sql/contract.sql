@@ -5,6 +5,22 @@
 -- and which race it closes. All time comparisons use the database's now(), never a
 -- worker's clock.
 --
+-- This file holds no statement: it is what the statements of this folder share (the
+-- indexes, the states, the bounded columns, the wake-ups), and "the header" in their
+-- comments. They are in one file a concern:
+--   enqueue.sql      enqueue, unique keys, batches, the id before the insert
+--   workflows.sql    waiting for other tasks and for signals
+--   claim.sql        the claims, and the rows a lost claim took
+--   limits.sql       the limited claim's queue locks, per-key rates, limit_state
+--   stage.sql        the stager, next_due, notification channels and parked marks
+--   settle.sql       the fenced writes of a claimed row (settle, heartbeat, checkpoint)
+--   maintenance.sql  sweeps, vacuum, the watchdog, workers' rows, prune
+--   queues.sql       pauses, fair weights and shares, sequences
+--   operations.sql   an operator's actions on tasks
+--   overview.sql     the overview's, pgqueue_status's and the metrics' reads
+--   schedules.sql    periodic schedules, declared in code or at runtime
+--   doctor.sql       the queue doctor's reads of PostgreSQL's catalogs (not the contract)
+--
 -- Indexes (defined on the model, django_pgqueue/models.py):
 --   pgqueue_task_claim      (queue, task_name, handler_version, priority DESC, run_at, id)
 --                                                               WHERE state = 'pending'
@@ -67,17 +83,3 @@
 --     have asked before is still in flight (an exclusive try on ENQUEUING, retried),
 --     then claims once more before it parks. An enqueue that saw no mark committed
 --     before that claim, so the claim takes its row.
---
--- This file holds no statement: it is the context of the others, one file a concern:
---   enqueue.sql      enqueue, unique keys, batches, the id before the insert
---   workflows.sql    waiting for other tasks and for signals
---   claim.sql        the claims, and the rows a lost claim took
---   limits.sql       the limited claim's queue locks, per-key rates, limit_state
---   stage.sql        the stager, next_due, notification channels and parked marks
---   settle.sql       the fenced writes of a claimed row (settle, heartbeat, checkpoint)
---   maintenance.sql  sweeps, vacuum, the watchdog, workers' rows, prune
---   queues.sql       pauses, fair weights and shares, sequences
---   operations.sql   an operator's actions on tasks
---   overview.sql     the overview's, pgqueue_status's and the metrics' reads
---   schedules.sql    periodic schedules, declared in code or at runtime
---   doctor.sql       the queue doctor's reads of PostgreSQL's catalogs (not the contract)

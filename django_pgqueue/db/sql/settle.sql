@@ -1,6 +1,7 @@
--- The fenced writes of a claimed row, each on (id, attempt, lease_token, state =
--- 'running'): settlements, the heartbeat's renewal, a handler's checkpoint, progress
--- and cancel read, and the history of refused runs.
+-- The writes of a claimed row, fenced on its lease (id, attempt, lease_token, state =
+-- 'running'): settlements and their task logs, the heartbeat's renewal, a handler's
+-- checkpoint, progress and cancel read; and after a refused write, why
+-- (settle_check) and the refused run's history (record_late_executions).
 --
 -- The context every statement here relies on (the indexes, the states, the bounded
 -- columns, the wake-ups) is in contract.sql; "the header" in a comment below means
