@@ -13,7 +13,7 @@ end, also on failure or Ctrl-C. On it:
    its own (a limited claim's two statements are one), so this is the statements each
    idle process costs PostgreSQL per second. The statements are also logged
    (``log_statement = 'all'``) over the same window and counted by kind (the named
-   statement of django_pgqueue/db/sql/queries.sql each one is); they are fewer than the
+   statement of django_pgqueue/db/sql/ each one is); they are fewer than the
    transactions by the statements a session prepares for the first time (preparing is
    a transaction of its own) and by autovacuum's. Also: the server connections the
    fleet holds.
@@ -190,7 +190,7 @@ def _normalized(sql: str) -> str:
 
 def statement_kinds(log_text: str) -> Counter:
     """The statements run in the fleet's database, from a server log written with
-    log_statement = 'all' and LOG_LINE_PREFIX, counted by the queries.sql name each is
+    log_statement = 'all' and LOG_LINE_PREFIX, counted by the db/sql/ name each is
     (or, for one that is not there, its first words; for one run by another
     application than the worker, prefixed with that application's name)."""
     from django_pgqueue.db.sql import QUERIES

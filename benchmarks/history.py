@@ -162,7 +162,7 @@ class BackendProfile(threading.Thread):
     """Every ``interval`` seconds, the CPU each PostgreSQL process of this database used
     since the last look (/proc/<pid>/stat), put down to what the backend is (ROLE_OF,
     from the statements it has been seen running; a server process by its type), and
-    which statements (of django_pgqueue/db/sql/queries.sql) were running at that moment,
+    which statements (of django_pgqueue/db/sql/) were running at that moment,
     as a sampling profile; also the phase of a VACUUM of the task table in progress.
     ``take()`` returns and resets the totals since the last call."""
 
@@ -184,7 +184,7 @@ class BackendProfile(threading.Thread):
         self.ignore: set[int] = set()
 
     def statement(self, backend_type: str, query: str | None) -> str:
-        """The name of the statement of queries.sql that ``query`` starts like (up to
+        """The name of the statement of db/sql/ that ``query`` starts like (up to
         its first parameter), or its first 40 characters."""
         if backend_type != "client backend":
             return backend_type

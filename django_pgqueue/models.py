@@ -1,8 +1,8 @@
 """The task table and the worker registry.
 
 The ORM reads these (admin, history, tests); the hot path (enqueue, claim, settle,
-heartbeat, sweep) is explicit SQL in ``db/sql/queries.sql``. Index names are referenced
-from that file's comments, so keep them stable.
+heartbeat, sweep) is explicit SQL in ``db/sql/``, one file a concern. Index names are
+referenced from those files' comments (``contract.sql`` lists them), so keep them stable.
 """
 
 from __future__ import annotations
@@ -64,7 +64,7 @@ class Task(models.Model):
     result = models.JSONField(null=True, blank=True)
     errors = models.JSONField(db_default=models.Value([], models.JSONField()))
     # errors keeps its last 100 entries (a statement that appends one drops the oldest
-    # past that, db/sql/queries.sql); how many it dropped, for the admin to say so.
+    # past that, db/sql/contract.sql); how many it dropped, for the admin to say so.
     errors_dropped = models.IntegerField(db_default=0)
     unique_key = models.CharField(max_length=255, null=True, blank=True)
     checkpoint = models.JSONField(null=True, blank=True)

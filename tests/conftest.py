@@ -100,7 +100,7 @@ def pg(db_url: str) -> Iterator[psycopg.Connection]:
 
 
 # Claimers parked on the test database: a parked claimer holds the PARKED advisory lock
-# (class 1885827329) of each channel it LISTENs on (queries.sql, "Wake-ups"). Advisory
+# (class 1885827329) of each channel it LISTENs on (contract.sql, "Wake-ups"). Advisory
 # locks are per database; pg_locks shows every database's (other test runs').
 PARKED_MARKS = (
     "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND classid = 1885827329 "

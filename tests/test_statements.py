@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from django_pgqueue.db.sql import QUERIES, positional
+from django_pgqueue.db.sql import QUERIES, _load, _load_all, positional
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "django_pgqueue"
@@ -386,6 +386,29 @@ def test_every_dynamic_site_and_runner_the_check_lists_is_in_the_package(package
 
     assert functions >= DYNAMIC
     assert {(module, name) for module, name, _ in RUNNERS} <= functions
+
+
+# -- the files ------------------------------------------------------------------------
+
+
+def test_every_statement_of_every_sql_file_of_the_folder_is_loaded():
+    # given the files of db/sql/, one a concern
+    files = sorted((PACKAGE / "db" / "sql").glob("*.sql"))
+    # then each statement of each is in QUERIES as its file has it: a file added to the
+    # folder needs no list
+    for path in files:
+        assert _load(path).items() <= QUERIES.items(), path.name
+    assert sum(len(_load(path)) for path in files) == len(QUERIES)
+
+
+def test_a_statement_named_in_two_files_is_refused(tmp_path):
+    # given two files that both define "claim"
+    (tmp_path / "a.sql").write_text("-- name: claim\nSELECT 1;\n")
+    (tmp_path / "b.sql").write_text("-- name: claim\nSELECT 2;\n")
+    # when they are loaded together, then neither silently wins
+    refused = r"b\.sql: statements named again: claim \(first in a\.sql\)"
+    with pytest.raises(ValueError, match=refused):
+        _load_all(sorted(tmp_path.glob("*.sql")))
 
 
 # -- the check itself, on code written to be wrong -----------------------------------

@@ -1,4 +1,4 @@
-"""Mutation check of the SQL contract (django_pgqueue/db/sql/queries.sql).
+"""Mutation check of the SQL contract (the statements of django_pgqueue/db/sql/*.sql).
 
 For every statement that fences or routes (COVERAGE below: the statement, and the tests
 that pin it), each predicate of its WHERE, JOIN ... ON and FILTER (WHERE ...) conditions
@@ -40,12 +40,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-QUERIES_SQL = REPO / "django_pgqueue" / "db" / "sql" / "queries.sql"
+SQL_DIR = REPO / "django_pgqueue" / "db" / "sql"
+# The queue doctor's reads of the catalogs fence and route nothing.
+NOT_CONTRACT = {"doctor.sql"}
 EXPLAINED = REPO / "tools" / "sql_mutants_explained.toml"
 
-# Statement (fnmatch pattern over the names in queries.sql) -> the tests that pin it:
+# Statement (fnmatch pattern over the contract's names) -> the tests that pin it:
 # pytest arguments, files or node ids, with -k expressions where a file is large. A
-# statement of queries.sql that no pattern names is not checked (--list shows which).
+# statement of the contract that no pattern names is not checked (--list shows which).
 # The fast SQL-level tests come first: pytest stops at the first failure (-x).
 FENCE_TESTS = ["tests/test_fencing.py"]
 COVERAGE: dict[str, list[str]] = {
@@ -293,9 +295,9 @@ def mutants(name: str, sql: str) -> list[Mutant]:
 
 def load_statements() -> dict[str, str]:
     sys.path.insert(0, str(REPO))
-    from django_pgqueue.db.sql import _load
+    from django_pgqueue.db.sql import _load_all
 
-    return _load(QUERIES_SQL)
+    return _load_all(sorted(p for p in SQL_DIR.glob("*.sql") if p.name not in NOT_CONTRACT))
 
 
 def covered(name: str) -> list[str] | None:
@@ -400,7 +402,7 @@ def main(argv: list[str] | None = None) -> int:
     survivors, invalid, stale = [], [], []
     killed_last = False  # the last run was killed at its timeout
     with tempfile.TemporaryDirectory(prefix="pgqueue-mutants-") as tmp:
-        queries_file = Path(tmp) / "queries.sql"
+        queries_file = Path(tmp) / "mutant.sql"
         for n, (mutant, tests) in enumerate(selected, 1):
             if tuple(tests) not in baselines:
                 began = time.monotonic()

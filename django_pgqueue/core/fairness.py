@@ -8,7 +8,8 @@ A key's weight is its entry's, or else the longest prefix entry (ending with ``*
 that it starts with, or else 1. A key with weight w gets w times the slots of a key of
 weight 1 while both have due work (docs/tenants.md). A weight set at runtime
 (``operations.set_fair_weight``, table ``pgqueue_fair_weight``) wins over these for the
-keys it matches; that lookup is SQL's (queries.sql: ``enqueue_keyed``, ``stage``).
+keys it matches; that lookup is SQL's (``enqueue_keyed`` in enqueue.sql, ``stage`` in
+stage.sql).
 
 How fair share works, in short: each due task of a fair task is given a place in its
 key's flow, its virtual start time (``fair_tag``): one step of ``1 / weight`` after the

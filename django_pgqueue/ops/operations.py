@@ -277,7 +277,7 @@ def fair_shares(
     """Who is getting what (docs/tenants.md): per fair key of ``queue`` (None: every
     queue), ``{"queue", "key", "pending", "running", "started"}``, ``started`` being the
     tasks started within the last ``seconds`` (sampled on a busy queue, see
-    queries.sql: fair_shares), for the ``limit`` keys that started the most; ``search``
+    queues.sql: fair_shares), for the ``limit`` keys that started the most; ``search``
     keeps the keys that contain it. Read from the read database unless ``using``."""
     if queue is not None:
         validate_queue(queue)
@@ -520,7 +520,7 @@ def _revive(
 ) -> Revived:
     """Run a revive (retry_now, requeue_dead) in a savepoint. If a task made live by
     another transaction after the statement began took the unique key of a row it was
-    reviving (see retry_now in db/sql/queries.sql), the rows are revived one at a time
+    reviving (see retry_now in db/sql/operations.sql), the rows are revived one at a time
     instead, newest first, each in a savepoint: each statement sees the rows the ones
     before it revived, and the task that won the key."""
     alias = _alias(database)

@@ -70,7 +70,7 @@ RUN_LIMIT = 10_000
 # pass. Rows due by clock_timestamp() are made due by now(); with scheduled=True
 # (%(everything)s) every scheduled row is, retries waiting out their backoff included.
 # A test-time clock correction, not part of the queue's database contract: it lives
-# here rather than in db/sql/queries.sql. In autocommit now() is the statement's start,
+# here rather than in db/sql/. In autocommit now() is the statement's start,
 # and only %(everything)s changes anything.
 _MAKE_DUE = """
 UPDATE pgqueue_task

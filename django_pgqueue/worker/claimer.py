@@ -771,7 +771,7 @@ def route_params(
 def claim_statement(params: Mapping[str, Any]) -> str:
     """The claim statement for these parameters: when they name no limited queue, no
     route with a per-key concurrency or rate, and no starvation escape to look for
-    (for those, claim reduces to it: queries.sql), ``claim_plain``, or ``claim_fair``
+    (for those, claim reduces to it: claim.sql), ``claim_plain``, or ``claim_fair``
     if a route is a fair task's; else ``claim``."""
     plain = (
         not params["look_for_starving"]

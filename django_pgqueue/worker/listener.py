@@ -5,14 +5,14 @@ extra backend: the notification arrives on the socket the claimer is about to cl
 A pipe lets the rest of the process wake the claimer too (stop, a freed slot).
 
 Every queue notifies on one of 64 channels, ``pgqueue_<hashtext(queue) & 63>`` (the
-statements in queries.sql compute it; ``listen_channels`` asks the database for ours, so the
+statements of db/sql/ compute it; ``listen_channels`` asks the database for ours, so the
 hash is never re-implemented in Python), with the queue's name as payload. The claimer
 LISTENs only on its queues' channels, so the server does not even deliver other
 queues' notifications to it; one that shares a channel is read off the socket and
 ignored without waking the claimer (no database statement is run for it).
 
 A single enqueue notifies only while a claimer of its channel is parked (a NOTIFY
-serialises commits on the server; queries.sql's header has the protocol): the claimer
+serialises commits on the server; contract.sql, "Wake-ups", has the protocol): the claimer
 takes the parked mark and passes the in-flight check (``prepare_park``) before it parks,
 and drops the mark once it is busy again (``release_park``). The mark is a session lock
 on the claimer's connection, so a lost connection or a killed worker drops it.
@@ -36,7 +36,7 @@ from psycopg import sql
 
 from django_pgqueue.db.sql import QUERIES
 
-# The payload of queries.sql's schedules_changed: no queue name has a space.
+# The payload of schedules.sql's schedules_changed: no queue name has a space.
 SCHEDULES_CHANGED = "schedules changed"
 
 

@@ -1,16 +1,19 @@
-"""The named SQL statements, loaded once: ``queries.sql``, the queue's own (the database
-contract), and ``doctor.sql``, the queue doctor's reads of PostgreSQL's catalogs.
+"""The named SQL statements, loaded once from every ``*.sql`` file of this folder: the
+queue's own (the database contract), one file a concern (``enqueue.sql``,
+``claim.sql``, ``settle.sql``, ...; ``contract.sql`` holds no statement, only the
+context they share: indexes, states, wake-ups), and ``doctor.sql``, the queue doctor's
+reads of PostgreSQL's catalogs.
 
-``QUERIES["claim"]`` is the text of the statement headed ``-- name: claim``. Every
-place the code names a statement, and the dict of parameters it passes, is checked
-against these files by tests/test_statements.py.
+``QUERIES["claim"]`` is the text of the statement headed ``-- name: claim``, wherever
+it is. Every place the code names a statement, and the dict of parameters it passes, is
+checked against these files by tests/test_statements.py.
 """
 
 from __future__ import annotations
 
 import functools
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -30,17 +33,21 @@ def _load(path: Path) -> dict[str, str]:
     return queries
 
 
-def _load_all(*names: str) -> dict[str, str]:
+def _load_all(paths: Iterable[Path]) -> dict[str, str]:
     queries: dict[str, str] = {}
-    for name in names:
-        loaded = _load(Path(__file__).with_name(name))
+    defined_in: dict[str, str] = {}
+    for path in paths:
+        loaded = _load(path)
         if twice := sorted(loaded.keys() & queries.keys()):
-            raise ValueError(f"{name}: statements named again: {', '.join(twice)}")
+            where = ", ".join(f"{name} (first in {defined_in[name]})" for name in twice)
+            raise ValueError(f"{path.name}: statements named again: {where}")
         queries.update(loaded)
+        defined_in.update(dict.fromkeys(loaded, path.name))
     return queries
 
 
-QUERIES: dict[str, str] = _load_all("queries.sql", "doctor.sql")
+# Sorted, so that the order of QUERIES does not depend on the file system's.
+QUERIES: dict[str, str] = _load_all(sorted(Path(__file__).parent.glob("*.sql")))
 
 
 @dataclass(frozen=True)

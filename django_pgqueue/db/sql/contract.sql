@@ -1,0 +1,85 @@
+-- The database contract of django_pgqueue: every statement of the hot path, by name.
+--
+-- Python calls these by name (django_pgqueue/db/sql/__init__.py). Parameters use the
+-- psycopg/Django pyformat style, %(name)s. Each statement says which index it relies on
+-- and which race it closes. All time comparisons use the database's now(), never a
+-- worker's clock.
+--
+-- This file holds no statement: it is what the statements of this folder share (the
+-- indexes, the states, the bounded columns, the wake-ups), and "the header" in their
+-- comments. They are in one file a concern:
+--   enqueue.sql      enqueue, unique keys, batches, the id before the insert
+--   workflows.sql    waiting for other tasks and for signals
+--   claim.sql        the claims, and the rows a lost claim took
+--   limits.sql       the limited claim's queue locks, per-key rates, limit_state
+--   stage.sql        the stager, next_due, notification channels and parked marks
+--   settle.sql       the fenced writes of a claimed row (settle, heartbeat, checkpoint)
+--   maintenance.sql  sweeps, vacuum, the watchdog, workers' rows, prune
+--   queues.sql       pauses, fair weights and shares, sequences
+--   operations.sql   an operator's actions on tasks
+--   overview.sql     the overview's, pgqueue_status's and the metrics' reads
+--   schedules.sql    periodic schedules, declared in code or at runtime
+--   doctor.sql       the queue doctor's reads of PostgreSQL's catalogs (not the contract)
+--
+-- Indexes (defined on the model, django_pgqueue/models.py):
+--   pgqueue_task_claim      (queue, task_name, handler_version, priority DESC, run_at, id)
+--                                                               WHERE state = 'pending'
+--   pgqueue_task_due        (queue, task_name, handler_version, run_at, id)
+--                                                               WHERE state = 'pending'
+--   pgqueue_task_scheduled  (queue, run_at, id)                WHERE state = 'scheduled'
+--   pgqueue_task_lease      (lease_expires_at)                 WHERE state = 'running'
+--   pgqueue_task_running    (queue, concurrency_key)           WHERE state = 'running'
+--   pgqueue_task_retention  (state, finished_at)               WHERE state is terminal
+--   pgqueue_task_waiting    (queue, task_name)                 WHERE state = 'waiting'
+--   pgqueue_task_wait_timeout (queue, wait_until, id)          WHERE state = 'waiting'
+--                                                                 AND wait_until IS NOT NULL
+--   pgqueue_dependency: pgqueue_dep_edge UNIQUE (parent_id, child_id), pgqueue_dep_child
+--                       (child_id); the trigger pgqueue_release_dependents (migration
+--                       0008) resolves a task's edges when it ends
+--   pgqueue_task_unique_live UNIQUE (unique_key) WHERE unique_key IS NOT NULL AND live
+--   pgqueue_key_rate: PRIMARY KEY (queue, key): one row per key with a per-key rate
+--   pgqueue_task_unique_key (unique_key, enqueued_at)         WHERE unique_key IS NOT NULL
+--   pgqueue_task_fair       (queue, task_name, handler_version, priority DESC,
+--                            fair_tag NULLS FIRST, id)  WHERE state = 'pending'
+--                                                          AND fair_key IS NOT NULL
+--   pgqueue_task_fair_flow  (queue, task_name, handler_version, fair_key, priority,
+--                            fair_tag)                  WHERE state = 'pending'
+--                                                          AND fair_key IS NOT NULL
+--   pgqueue_fair_weight: PRIMARY KEY (key): fair-share weights set at runtime (a few rows)
+--   pgqueue_task_log: pgqueue_task_log_task (task_id, id): the log records of a task's
+--                     attempts (TASK_LOGS, store_task_logs), deleted with the task
+--
+-- States: 'scheduled' rows are due later and sit outside the claim's indexes; the
+-- stager makes them 'pending' when due, so every pending row is due.
+--
+-- Columns that grow by appending are bounded. A row keeps the last 100 entries of
+-- executions and of errors: every statement that appends an error keeps the last 99
+-- before it, jsonb_path_query_array(errors, '$[last - 98 to last]') (lax mode: a
+-- shorter array is kept whole), and adds how many it dropped to errors_dropped, so a
+-- task that failed a thousand times (a requeued dead letter, a Continue loop) stays
+-- one small row. Only the pgqueue_release_dependents trigger appends without it: to a
+-- task waiting for its parents, which never ran and holds no error. signals is
+-- bounded by signal_task (names and bytes). pgqueue_queue.paused_tasks grows only by
+-- an operator's pause of a task name, and shrinks at its resume.
+--
+-- Wake-ups: every path that makes a task due again sends
+-- pg_notify('pgqueue_' || (hashtext(<queue>) & 63), <queue>) inside its own
+-- transaction: one of 64 channels by the queue's hash, the queue name as payload. A
+-- worker LISTENs only on its queues' channels (and ignores other queues sharing one),
+-- so an enqueue never wakes the idle workers of other queues. A notification is
+-- delivered on commit only, never for a rollback; PostgreSQL folds identical
+-- notifications of one transaction into one: one wake per queue per transaction.
+--
+-- A single enqueue notifies only when a worker of its channel is parked (see
+-- docs/worker.md, "Wake-ups"): a NOTIFY takes a cluster-wide lock through the
+-- notifying transaction's commit, so notifying every enqueue serialises the commits
+-- of concurrent web requests. Two advisory locks per channel (two-int form, class
+-- PARKED = 1885827329 and ENQUEUING = 1885827328, object = the channel number) decide
+-- it without losing a wake-up:
+--   - a parked claimer holds PARKED shared (session lock on its LISTEN connection);
+--   - an enqueue holds ENQUEUING shared until its transaction ends, then asks whether
+--     PARKED is held (a momentary exclusive try) and notifies if it is;
+--   - a claimer about to park takes PARKED, then waits until no enqueue that might
+--     have asked before is still in flight (an exclusive try on ENQUEUING, retried),
+--     then claims once more before it parks. An enqueue that saw no mark committed
+--     before that claim, so the claim takes its row.
