@@ -200,6 +200,32 @@ def test_under_a_scheduled_backlog_staging_and_next_due_read_one_index_entry(ses
     assert "Seq Scan pgqueue_task" not in node_types(stage) + node_types(next_due)
 
 
+def test_staging_fair_tasks_beside_a_fair_backlog_reads_the_heads_of_their_flows(session):
+    # Given 50,000 pending tasks of one fair task over 1,000 keys, with their places,
+    # and 10 of its tasks come due (statistics that say so)
+    session.execute(
+        "INSERT INTO pgqueue_task (queue, task_name, priority, fair_key, fair_tag) "
+        "SELECT 'default', 'tests.tenant_tasks.fair_job', 10, 'customer:' || n %% 1000, n "
+        "FROM generate_series(1, %(rows)s) AS n",
+        {"rows": ROWS},
+    )
+    session.execute(
+        "INSERT INTO pgqueue_task (queue, task_name, priority, fair_key, state, run_at) "
+        "SELECT 'default', 'tests.tenant_tasks.fair_job', 10, 'customer:late', 'scheduled', "
+        "now() - interval '1 second' FROM generate_series(1, 10)"
+    )
+    session.execute("VACUUM ANALYZE pgqueue_task")
+
+    # When they are staged
+    plan = analyze(session, "stage", stage_params(["default"], 1000))
+
+    # Then their places come from the head of the flows and of their key's own flow (one
+    # probe of each fair index), not from a walk over the backlog's pending rows
+    assert "Seq Scan pgqueue_task" not in node_types(plan), node_types(plan)
+    assert rows_read(plan) < 100, rows_read(plan)
+    assert buffers(plan) < 400, buffers(plan)
+
+
 def test_the_lease_sweep_reads_only_running_rows(session):
     fill(session, "terminal")
 
