@@ -264,6 +264,38 @@ def test_tasks_coming_due_join_the_flows_at_their_head_not_behind_finished_place
 
 
 @pytest.mark.usefixtures("fair_statement")
+@pytest.mark.parametrize("elsewhere", ["queue", "task", "version", "priority", "untagged"])
+def test_tasks_coming_due_join_their_own_flows_head_not_another_flows(pg, elsewhere):
+    # Given rows that stand further back but are not the flow's head: another flow's
+    # (the same task's in another queue, another fair task's in this one, another
+    # version's, another priority's), or one of the flow's own rows without a place
+    if elsewhere == "queue":
+        fair_job.using(queue="other").enqueue_many([("x", n) for n in range(50)])
+    elif elsewhere == "task":
+        fair_other.enqueue_many([("x", n) for n in range(50)])
+    elif elsewhere == "version":
+        old = fair_job.enqueue_many([("x", n) for n in range(50)])
+        Task.objects.filter(id__in=old).update(handler_version=2)
+    elif elsewhere == "priority":
+        fair_job.using(priority=-5).enqueue_many([("x", n) for n in range(50)])
+    # and a customer's backlog, part of it served
+    fair_job.enqueue_many([("now", n) for n in range(50)])
+    drain(pg, 10, 2)
+    if elsewhere == "untagged":
+        untagged = fair_job.enqueue("x", 0)
+        Task.objects.filter(id=untagged).update(fair_tag=None)
+
+    # When 10 tasks of another customer, scheduled, come due
+    fair_job.using(delay=3600).enqueue_many([("later", n) for n in range(10)])
+    pg.execute("UPDATE pgqueue_task SET run_at = now() WHERE state = 'scheduled'")
+    (taken,) = drain(pg, 10, 1)
+
+    # Then they share the next claim with the backlog of their own flow (half each; the
+    # row without a place goes first, so one of them has 4)
+    assert 4 <= taken["customer:later"] <= 5 and 4 <= taken["customer:now"] <= 5, taken
+
+
+@pytest.mark.usefixtures("fair_statement")
 def test_two_fair_tasks_are_flows_of_their_own_beside_plain_tasks(pg):
     fair_job.enqueue_many([("a", n) for n in range(20)])
     fair_other.enqueue_many([("a", n) for n in range(20)])
