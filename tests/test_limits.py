@@ -7,6 +7,7 @@ the handlers did is read from the ledger (tests/ledger.py), outside the database
 
 from __future__ import annotations
 
+import uuid
 from pathlib import Path
 
 import psycopg
@@ -15,7 +16,10 @@ from django.db import connection, transaction
 
 from django_pgqueue import pause, resume
 from django_pgqueue.core.limits import parse_limits, parse_rate
+from django_pgqueue.db import sql
 from django_pgqueue.models import Queue, Task
+from django_pgqueue.worker.claimed import claimed_rows
+from django_pgqueue.worker.claimer import claim_statement, route_params
 from tests import ledger
 from tests.conftest import wait_until
 from tests.ledger_tasks import ledger_keyed, ledger_run
@@ -241,3 +245,52 @@ def test_the_worker_registers_its_queues_so_they_can_be_paused(start_worker):
     with connection.cursor() as cursor:
         cursor.execute("SELECT name FROM pgqueue_queue ORDER BY name")
         assert [r[0] for r in cursor.fetchall()] == ["default", "emails"]
+
+
+# -- the limited claim, at the SQL level ------------------------------------------------
+
+
+def limited_claim(pg, queues: list[str], limits: dict, limit: int = 10) -> list[int]:
+    """One claim of ``queues`` with these QUEUE_LIMITS, as a worker's lane makes it: the
+    full claim, in a transaction, where a queue is limited; else claim_plain."""
+    params = {
+        **route_params(queues, [(noop.name, noop.version)], 3600, parse_limits(limits)),
+        "look_for_starving": False,
+        "limit": limit,
+        "token": str(uuid.uuid4()),
+        "lease_seconds": 30,
+        "worker_id": "w1",
+    }
+    statement = claim_statement(params)
+    assert statement == ("claim" if limits else "claim_plain")
+    with pg.transaction():
+        rows = sql.execute(pg, statement, params, row_factory=claimed_rows).fetchall()
+    return [t.id for t in rows]
+
+
+def test_a_queue_concurrency_limit_counts_its_own_running_tasks_only(pg):
+    # Given 3 tasks running in a queue without a limit, and 5 due in a queue of 2
+    noop.using(queue="other").enqueue_many(range(3))
+    assert len(limited_claim(pg, ["other"], {})) == 3
+    noop.enqueue_many(range(5))
+    limits = {"default": {"concurrency": 2}}
+
+    # When the limited queue is claimed, then it takes its 2, and no more while they run
+    assert len(limited_claim(pg, ["default"], limits)) == 2
+    assert limited_claim(pg, ["default"], limits) == []
+
+
+def test_a_queue_rate_budget_is_its_own_not_another_limited_queues(pg):
+    # Given two queues of one start an hour each, and one of them has spent its start
+    limits = {"default": {"rate": "1/h"}, "other": {"rate": "1/h"}}
+    Queue.objects.bulk_create([Queue(name="default"), Queue(name="other")],
+                              ignore_conflicts=True)
+    noop.using(queue="other").enqueue_many(range(3))
+    noop.enqueue_many(range(3))
+    assert len(limited_claim(pg, ["other"], limits)) == 1
+    assert limited_claim(pg, ["other"], limits) == []
+
+    # When both are claimed, then the other queue still has its start
+    taken = limited_claim(pg, ["default", "other"], limits)
+    assert Task.objects.filter(id__in=taken, queue="default").count() == 1
+    assert len(taken) == 1
