@@ -250,11 +250,15 @@ def test_the_worker_registers_its_queues_so_they_can_be_paused(start_worker):
 # -- the limited claim, at the SQL level ------------------------------------------------
 
 
-def limited_claim(pg, queues: list[str], limits: dict, limit: int = 10) -> list[int]:
-    """One claim of ``queues`` with these QUEUE_LIMITS, as a worker's lane makes it: the
-    full claim, in a transaction, where a queue is limited; else claim_plain."""
+def limited_claim(
+    pg, queues: list[str], limits: dict, limit: int = 10, key_limits: dict | None = None
+) -> list[int]:
+    """One claim of ``queues`` with these QUEUE_LIMITS (and per-key limits of routes), as
+    a worker's lane makes it: the full claim, in a transaction, where a queue or a route
+    is limited; else claim_plain."""
+    routes = [(noop.name, noop.version), *(key_limits or {})]
     params = {
-        **route_params(queues, [(noop.name, noop.version)], 3600, parse_limits(limits)),
+        **route_params(queues, routes, 3600, parse_limits(limits), key_limits),
         "look_for_starving": False,
         "limit": limit,
         "token": str(uuid.uuid4()),
@@ -262,7 +266,7 @@ def limited_claim(pg, queues: list[str], limits: dict, limit: int = 10) -> list[
         "worker_id": "w1",
     }
     statement = claim_statement(params)
-    assert statement == ("claim" if limits else "claim_plain")
+    assert statement == ("claim" if limits or key_limits else "claim_plain")
     with pg.transaction():
         rows = sql.execute(pg, statement, params, row_factory=claimed_rows).fetchall()
     return [t.id for t in rows]
@@ -294,3 +298,16 @@ def test_a_queue_rate_budget_is_its_own_not_another_limited_queues(pg):
     taken = limited_claim(pg, ["default", "other"], limits)
     assert Task.objects.filter(id__in=taken, queue="default").count() == 1
     assert len(taken) == 1
+
+
+def test_a_key_limit_counts_the_keys_running_tasks_not_its_waiting_ones(pg):
+    # Given 3 due tasks of key a and 2 of key b, one running at a time per key
+    for n, key in enumerate("aaabb"):
+        ledger_keyed.enqueue(n, key)
+    key_limits = {(ledger_keyed.name, ledger_keyed.version): 1}
+
+    # When claimed twice, then each key starts one, and none more while it runs
+    taken = limited_claim(pg, ["default"], {}, key_limits=key_limits)
+    assert sorted(Task.objects.filter(id__in=taken).values_list("concurrency_key", flat=True)) == [
+        "a", "b"]
+    assert limited_claim(pg, ["default"], {}, key_limits=key_limits) == []
