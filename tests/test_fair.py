@@ -296,6 +296,24 @@ def test_tasks_coming_due_join_their_own_flows_head_not_another_flows(pg, elsewh
 
 
 @pytest.mark.usefixtures("fair_statement")
+@pytest.mark.parametrize("state", ["running", "succeeded"])
+def test_a_keys_claimed_or_finished_places_do_not_push_its_tasks_coming_due_back(pg, state):
+    # Given a customer's backlog, and another customer's task that is running or done
+    # and held a place far behind it (a place given while it waited)
+    fair_job.enqueue_many([("now", n) for n in range(50)])
+    ahead = fair_job.enqueue("later", 0)
+    Task.objects.filter(id=ahead).update(state=state, fair_tag=1000)
+
+    # When 10 more of the second customer's tasks, scheduled, come due
+    fair_job.using(delay=3600).enqueue_many([("later", n) for n in range(10)])
+    pg.execute("UPDATE pgqueue_task SET run_at = now() WHERE state = 'scheduled'")
+    (taken,) = drain(pg, 10, 1)
+
+    # Then they take their turns from the head, as if the customer had nothing waiting
+    assert taken == {"customer:later": 5, "customer:now": 5}, taken
+
+
+@pytest.mark.usefixtures("fair_statement")
 def test_two_fair_tasks_are_flows_of_their_own_beside_plain_tasks(pg):
     fair_job.enqueue_many([("a", n) for n in range(20)])
     fair_other.enqueue_many([("a", n) for n in range(20)])
