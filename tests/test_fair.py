@@ -314,6 +314,68 @@ def test_a_keys_claimed_or_finished_places_do_not_push_its_tasks_coming_due_back
 
 
 @pytest.mark.usefixtures("fair_statement")
+@pytest.mark.parametrize(
+    "waiting", ["own", "own untagged", "queue", "task", "version", "priority"]
+)
+def test_tasks_coming_due_go_behind_their_keys_own_waiting_tasks_only(pg, waiting):
+    # Given a customer's backlog, and a task of a second customer waiting far behind it:
+    # in the same flow (also beside one of theirs without a place), or in another flow
+    # (the same task's in another queue, another fair task's, another version's,
+    # another priority's)
+    fair_job.enqueue_many([("now", n) for n in range(50)])
+    if waiting == "queue":
+        behind = fair_job.using(queue="other").enqueue("later", 0)
+    elif waiting == "task":
+        behind = fair_other.enqueue("later", 0)
+    elif waiting == "priority":
+        behind = fair_job.using(priority=-5).enqueue("later", 0)
+    else:
+        behind = fair_job.enqueue("later", 0)
+    Task.objects.filter(id=behind).update(
+        fair_tag=1000, handler_version=2 if waiting == "version" else 1
+    )
+    if waiting == "own untagged":
+        untagged = fair_job.enqueue("later", 1)
+        Task.objects.filter(id=untagged).update(fair_tag=None)
+
+    # When 10 more of the second customer's tasks, scheduled, come due
+    fair_job.using(delay=3600).enqueue_many([("later", n) for n in range(10)])
+    pg.execute("UPDATE pgqueue_task SET run_at = now() WHERE state = 'scheduled'")
+    due = set(Task.objects.filter(fair_key="customer:later", state="scheduled")
+              .values_list("id", flat=True))  # fmt: skip
+    (taken,) = drain(pg, 10, 1)
+    claimed_due = due & set(Task.objects.filter(state="succeeded").values_list("id", flat=True))
+
+    # Then they go behind the customer's own waiting task (none is claimed next), and
+    # only behind its own: another flow's task does not hold them back (half the claim)
+    if waiting.startswith("own"):
+        assert claimed_due == set(), taken
+    else:
+        assert len(claimed_due) == 5, taken
+
+
+@pytest.mark.usefixtures("fair_statement")
+@pytest.mark.parametrize("where", ["settings", "runtime"])
+@pytest.mark.parametrize("pattern", ["customer:later", "customer:lat*"])
+def test_tasks_coming_due_take_their_turns_by_their_keys_weight(pg, where, pattern):
+    # Given a weight of 3 for a key, by its name or a prefix, in FAIR_WEIGHTS or set at
+    # runtime, and another key's backlog
+    weights = {pattern: 3} if where == "settings" else {}
+    with override_settings(PGQUEUE={"FAIR_WEIGHTS": weights}):
+        if where == "runtime":
+            operations.set_fair_weight(pattern, 3)
+        fair_job.enqueue_many([("now", n) for n in range(50)])
+
+        # When 50 tasks of the weighted key, scheduled, come due
+        fair_job.using(delay=3600).enqueue_many([("later", n) for n in range(50)])
+        pg.execute("UPDATE pgqueue_task SET run_at = now() WHERE state = 'scheduled'")
+        (taken,) = drain(pg, 20, 1)
+
+    # Then they take three turns to the other key's one
+    assert taken == {"customer:later": 15, "customer:now": 5}, taken
+
+
+@pytest.mark.usefixtures("fair_statement")
 def test_two_fair_tasks_are_flows_of_their_own_beside_plain_tasks(pg):
     fair_job.enqueue_many([("a", n) for n in range(20)])
     fair_other.enqueue_many([("a", n) for n in range(20)])
