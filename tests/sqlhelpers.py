@@ -8,6 +8,7 @@ from typing import Any
 
 import psycopg
 
+from django_pgqueue.core.limits import QueueLimit
 from django_pgqueue.db.sql import QUERIES
 from django_pgqueue.tasking.registry import registry
 from django_pgqueue.worker.claimed import ClaimedTask
@@ -31,6 +32,8 @@ def claim(
     fair: bool = False,
     look_for_starving: bool = True,
     statement: str | None = None,
+    limits: dict[str, QueueLimit] | None = None,
+    key_limits: dict[tuple[str, int], int] | None = None,
 ) -> list[ClaimedTask]:
     """One claim statement, as the worker's claimer runs it (after staging due rows).
     ``fair``: the routes of fair tasks are claimed as fair (as a worker does).
@@ -38,13 +41,15 @@ def claim(
     ``claim``); False, as the worker's other claims (``claim_plain`` or ``claim_fair``
     where the routes have no limits: worker/claimer.py, claim_statement). ``statement``:
     the statement these parameters must choose (a test of one statement fails, rather
-    than testing another, when they do not)."""
+    than testing another, when they do not). ``limits`` and ``key_limits``: the
+    worker's QUEUE_LIMITS (parsed) and its routes' per-key limits."""
     queues = [queue] if isinstance(queue, str) else queue
     conn.execute(QUERIES["stage"], stage_params(queues, 1000))
     fair_routes = {(d.name, d.version) for d in registry.all() if d.fair_key} if fair else None
     params = {
         **route_params(queues, all_routes() if routes is None else routes, starvation,
-                       claim_batch_bytes=batch_bytes, fair_routes=fair_routes),
+                       limits, key_limits, claim_batch_bytes=batch_bytes,
+                       fair_routes=fair_routes),
         "look_for_starving": look_for_starving,
         "limit": limit,
         "token": str(uuid.uuid4()),

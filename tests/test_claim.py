@@ -246,15 +246,9 @@ def test_neither_claim_takes_a_version_of_a_task_the_worker_does_not_run(pg, sta
     # old release beside a new one in a rolling deploy)
     old = tasks.versioned_v1.enqueue_many([()] * 3)
     tasks.versioned.enqueue_many([()] * 3)
-    params = {
-        **route_params(["default"], [(tasks.versioned_v1.name, 1)], 3600),
-        "look_for_starving": statement == "claim",
-        "limit": 10, "token": str(uuid.uuid4()), "lease_seconds": 30, "worker_id": "w1",
-    }  # fmt: skip
-    assert claim_statement(params) == statement
-
     # When it claims, then it takes only the rows of its version
-    claimed = sql.execute(pg, statement, params, row_factory=claimed_rows).fetchall()
+    claimed = claim(pg, 10, routes=[(tasks.versioned_v1.name, 1)],
+                    look_for_starving=statement == "claim", statement=statement)
     assert sorted(t.id for t in claimed) == old
 
 

@@ -7,7 +7,6 @@ the handlers did is read from the ledger (tests/ledger.py), outside the database
 
 from __future__ import annotations
 
-import uuid
 from pathlib import Path
 
 import psycopg
@@ -16,13 +15,11 @@ from django.db import connection, transaction
 
 from django_pgqueue import pause, resume
 from django_pgqueue.core.limits import parse_limits, parse_rate
-from django_pgqueue.db import sql
 from django_pgqueue.models import Queue, Task
-from django_pgqueue.worker.claimed import claimed_rows
-from django_pgqueue.worker.claimer import claim_statement, route_params
 from tests import ledger
 from tests.conftest import wait_until
 from tests.ledger_tasks import ledger_keyed, ledger_run
+from tests.sqlhelpers import claim
 from tests.tasks import just_sleep, noop
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -254,22 +251,14 @@ def limited_claim(
     pg, queues: list[str], limits: dict, limit: int = 10, key_limits: dict | None = None
 ) -> list[int]:
     """One claim of ``queues`` with these QUEUE_LIMITS (and per-key limits of routes), as
-    a worker's lane makes it: the full claim, in a transaction, where a queue or a route
-    is limited; else claim_plain."""
-    routes = [(noop.name, noop.version), *(key_limits or {})]
-    params = {
-        **route_params(queues, routes, 3600, parse_limits(limits), key_limits),
-        "look_for_starving": False,
-        "limit": limit,
-        "token": str(uuid.uuid4()),
-        "lease_seconds": 30,
-        "worker_id": "w1",
-    }
-    statement = claim_statement(params)
-    assert statement == ("claim" if limits or key_limits else "claim_plain")
-    with pg.transaction():
-        rows = sql.execute(pg, statement, params, row_factory=claimed_rows).fetchall()
-    return [t.id for t in rows]
+    a worker's lane makes it outside the starvation window: the full claim where a
+    queue or a route is limited, else claim_plain."""
+    claimed = claim(
+        pg, limit, queue=queues, routes=[(noop.name, noop.version), *(key_limits or {})],
+        look_for_starving=False, statement="claim" if limits or key_limits else "claim_plain",
+        limits=parse_limits(limits), key_limits=key_limits,
+    )
+    return [t.id for t in claimed]
 
 
 def test_a_queue_concurrency_limit_counts_its_own_running_tasks_only(pg):
