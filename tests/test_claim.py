@@ -11,6 +11,7 @@ import pytest
 from django.utils import timezone
 from psycopg.rows import class_row, tuple_row
 
+from django_pgqueue.core.limits import parse_limits
 from django_pgqueue.db import sql
 from django_pgqueue.db.sql import QUERIES, positional
 from django_pgqueue.models import Task
@@ -108,6 +109,68 @@ def test_without_starvation_priority_decides(pg):
     urgent = TaskFactory(priority=100, run_at=now)
 
     assert [t.id for t in claim(pg, limit=1, starvation=60)] == [urgent.id]
+
+
+def escape_window(pg, queue: str = "default"):
+    """When the queue's starvation window last opened (None: never, no row)."""
+    found = pg.execute(
+        "SELECT last_escape_at::text FROM pgqueue_queue WHERE name = %s", [queue]
+    ).fetchone()
+    return found and found[0]
+
+
+def test_a_claim_outside_the_window_takes_no_starving_task_and_leaves_the_window(pg):
+    # Given a starving task behind an urgent one
+    now = timezone.now()
+    TaskFactory(priority=-100, run_at=now - timedelta(minutes=10))
+    urgent = TaskFactory(priority=100, run_at=now)
+    # When the full claim runs between the claimer's looks for starving tasks (as a
+    # limited lane's every claim does), then priority decides, and the window stays shut
+    params = {
+        **route_params(["default"], all_routes(), 60),
+        "look_for_starving": False, "limit": 1, "token": str(uuid.uuid4()),
+        "lease_seconds": 30, "worker_id": "w1",
+    }
+    taken = sql.execute(pg, "claim", params, row_factory=claimed_rows)
+    assert [t.id for t in taken] == [urgent.id]
+    assert escape_window(pg) in (None, "-infinity")
+
+
+def test_a_limited_queue_takes_no_starvation_escape(pg):
+    # Given a starving task behind an urgent one, in a queue with a concurrency limit
+    now = timezone.now()
+    TaskFactory(priority=-100, run_at=now - timedelta(minutes=10))
+    urgent = TaskFactory(priority=100, run_at=now)
+    # When a claim looks for starving tasks, then the limit's order (priority) decides
+    taken = claim(pg, limit=1, starvation=60, statement="claim",
+                  limits=parse_limits({"default": {"concurrency": 5}}))
+    assert [t.id for t in taken] == [urgent.id]
+    assert escape_window(pg) in (None, "-infinity")
+
+
+def test_a_claim_never_waits_on_a_starvation_window_another_claim_has_shut(pg):
+    # Given a starving task, urgent ones, and a window that an escape has just shut
+    now = timezone.now()
+    starving = TaskFactory(priority=-100, run_at=now - timedelta(minutes=10))
+    urgent = [TaskFactory(priority=100, run_at=now) for _ in range(2)]
+    assert [t.id for t in claim(pg, limit=1, starvation=60)] == [starving.id]
+    shut_at = escape_window(pg)
+    TaskFactory(priority=-100, run_at=now - timedelta(minutes=10))
+    with connect("default") as other:
+        # When one claim looks for starving tasks in a transaction still open, and
+        # another claim does the same meanwhile
+        other.autocommit = False
+        first = claim(other, limit=1, starvation=60)
+        pg.execute("SET lock_timeout = '2s'")
+        try:
+            second = claim(pg, limit=1, starvation=60)
+        finally:
+            pg.execute("RESET lock_timeout")
+        other.commit()
+    # Then the second neither waited on the window's row (a shut window is only read)
+    # nor escaped: each took an urgent task, and the window was not moved
+    assert sorted(t.id for t in first + second) == sorted(t.id for t in urgent)
+    assert escape_window(pg) == shut_at
 
 
 def test_unregistered_names_and_versions_stay_pending_and_burn_no_attempt(pg):

@@ -34,8 +34,10 @@ import re
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import tomllib
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -324,12 +326,12 @@ def explained() -> dict[str, str]:
 
 
 def run_tests(
-    tests: list[str], queries_file: Path | None, timeout: float, fresh: bool
+    tests: list[str], queries_file: Path | None, timeout: float, fresh: bool, url: str
 ) -> tuple[str, str]:
     """("passed" | "failed" | "invalid" | "timeout", output). The test database is kept
     between runs (--reuse-db), and made anew (``fresh``) after a run that was killed:
     its transactional tests had no teardown to empty the tables."""
-    env = dict(os.environ)
+    env = dict(os.environ, DATABASE_URL=url)
     env.pop("PGQUEUE_TEST_QUERIES", None)
     if queries_file is not None:
         env["PGQUEUE_TEST_QUERIES"] = str(queries_file)
@@ -370,6 +372,9 @@ def main(argv: list[str] | None = None) -> int:
                              "by definition; running them only finds explanations gone stale)")
     parser.add_argument("--list", action="store_true",
                         help="list the mutants and the statements not checked; run nothing")
+    parser.add_argument("--jobs", type=int, default=1,
+                        help="run this many mutants at once, each job on a database of "
+                             "its own (DATABASE_URL's name with _j<n> added)")
     parser.add_argument("--timeout", type=float, default=600,
                         help="seconds one mutant's tests may take (default 600)")
     args = parser.parse_args(argv)
@@ -404,38 +409,59 @@ def main(argv: list[str] | None = None) -> int:
     if not os.environ.get("DATABASE_URL"):
         parser.error("set DATABASE_URL (the tests' PostgreSQL server)")
 
-    baselines: dict[tuple[str, ...], float] = {}
+    base_url = os.environ["DATABASE_URL"]
+    jobs = max(1, args.jobs)
+    lock = threading.Lock()
     survivors, invalid, stale = [], [], []
-    killed_last = False  # the last run was killed at its timeout
-    with tempfile.TemporaryDirectory(prefix="pgqueue-mutants-") as tmp:
-        queries_file = Path(tmp) / "mutant.sql"
-        for n, (mutant, tests) in enumerate(selected, 1):
-            if tuple(tests) not in baselines:
+    done = [0]
+
+    def job(index: int, share: list[tuple[Mutant, list[str]]]) -> int:
+        """Run ``share`` in order against a database of this job's own (its tests'
+        database is made from it), one mutant at a time."""
+        url = base_url if jobs == 1 else f"{base_url}_j{index}"
+        baselines: dict[tuple[str, ...], float] = {}
+        killed_last = False  # the last run was killed at its timeout
+        with tempfile.TemporaryDirectory(prefix="pgqueue-mutants-") as tmp:
+            queries_file = Path(tmp) / "mutant.sql"
+            for mutant, tests in share:
+                if tuple(tests) not in baselines:
+                    began = time.monotonic()
+                    status, output = run_tests(tests, None, args.timeout, True, url)
+                    if status != "passed":
+                        with lock:
+                            print(output[-5000:])
+                            print(f"the tests of {mutant.statement} fail unmutated: "
+                                  f"{' '.join(tests)}")
+                        return 2
+                    baselines[tuple(tests)] = time.monotonic() - began
+                mutated = mutant.apply(statements[mutant.statement])
+                queries_file.write_text(f"-- name: {mutant.statement}\n{mutated};\n")
+                timeout = min(args.timeout, 3 * baselines[tuple(tests)] + 30)
                 began = time.monotonic()
-                status, output = run_tests(tests, None, args.timeout, fresh=True)
-                if status != "passed":
-                    print(output[-5000:])
-                    print(f"the tests of {mutant.statement} fail unmutated: {' '.join(tests)}")
-                    return 2
-                baselines[tuple(tests)] = time.monotonic() - began
-            mutated = mutant.apply(statements[mutant.statement])
-            queries_file.write_text(f"-- name: {mutant.statement}\n{mutated};\n")
-            timeout = min(args.timeout, 3 * baselines[tuple(tests)] + 30)
-            began = time.monotonic()
-            status, output = run_tests(tests, queries_file, timeout, fresh=killed_last)
-            killed_last = status == "timeout"
-            took = time.monotonic() - began
-            verdict = {"passed": "SURVIVED", "failed": "killed"}.get(status, status)
-            if status == "passed":
-                if mutant.key in reasons:
-                    verdict = "equivalent"
-                else:
-                    survivors.append(mutant)
-            elif mutant.key in reasons:
-                stale.append(mutant)
-            if status == "invalid":
-                invalid.append((mutant, output))
-            print(f"[{n}/{len(selected)}] {verdict:10} {took:5.1f}s  {mutant.key}", flush=True)
+                status, output = run_tests(tests, queries_file, timeout, killed_last, url)
+                killed_last = status == "timeout"
+                took = time.monotonic() - began
+                verdict = {"passed": "SURVIVED", "failed": "killed"}.get(status, status)
+                with lock:
+                    if status == "passed":
+                        if mutant.key in reasons:
+                            verdict = "equivalent"
+                        else:
+                            survivors.append(mutant)
+                    elif mutant.key in reasons:
+                        stale.append(mutant)
+                    if status == "invalid":
+                        invalid.append((mutant, output))
+                    done[0] += 1
+                    print(f"[{done[0]}/{len(selected)}] {verdict:10} {took:5.1f}s  "
+                          f"{mutant.key}", flush=True)
+        return 0
+
+    shares = [selected[i::jobs] for i in range(jobs)]
+    with ThreadPoolExecutor(max_workers=jobs) as pool:
+        codes = list(pool.map(job, range(jobs), shares))
+    if any(codes):
+        return 2
 
     print()
     for mutant, output in invalid:
