@@ -12,12 +12,17 @@ started). Each run measures, on the same database:
 
 1. **Empty queue.** 50 keys each enqueue 10 tasks per second (one task per transaction,
    from one process, evenly spread) for ``--trickle-seconds``: their wait from due to
-   start (the handler's start, less the row's run_at), p50 and p99.
+   start (the handler's start, less the row's run_at), p50 and p99, and the same from
+   the moment the enqueue's commit returned (when the task could first be claimed: the
+   wait less the enqueue's own commit).
 2. **Beside a backlog.** Key A holds 200,000 due tasks (``enqueue_many``, before the
-   worker starts) while the same 50 keys enqueue as in 1: their wait from due to start,
-   over the tasks due while A still had due work; and the drain: every task settled per
-   second from the first start to A's last settlement.
-3. **W2a.** The plain drain of as many no-op tasks (benchmarks/workloads.py: ``drain``).
+   worker starts); once the worker has started its first, the same 50 keys enqueue as
+   in 1 (their tasks do not wait for the worker's start-up, which no fair share can
+   shorten): their wait from due to start, over the tasks due while A still had due
+   work; and the drain: every task settled per second from the first start to A's last
+   settlement.
+3. **The backlog alone.** As 2 without the other keys: the fair claim's own drain.
+4. **W2a.** The plain drain of as many no-op tasks (benchmarks/workloads.py: ``drain``).
 
 Targets: the other keys' p99 beside the backlog at most 2x their p99 on the empty
 queue; the drain beside them at least 0.9x W2a. ``--scale`` shrinks the backlog (and
@@ -32,6 +37,7 @@ import argparse
 import multiprocessing
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -71,16 +77,25 @@ def _trickle(url: str, seconds: float, ready: Any, go: Any, stop: Any) -> None:
     gap = 1.0 / (KEYS * PER_KEY_PER_SECOND)
     started = time.monotonic()
     n = 0
+    committed: list[tuple[int, float]] = []
     while time.monotonic() - started < seconds and not stop.is_set():
-        fair_probe.enqueue(f"other:{n % KEYS}", n)
+        task_id = fair_probe.enqueue(f"other:{n % KEYS}", n)
+        committed.append((task_id, time.time()))  # the enqueue's commit has returned
         n += 1
         pause = started + n * gap - time.monotonic()
         if pause > 0:
             time.sleep(pause)
+    copy_in = "COPY bench_trickle (task_id, committed) FROM STDIN"
+    with raw_connection() as conn, conn.cursor() as cursor, cursor.copy(copy_in) as copy:
+        for row in committed:
+            copy.write_row(row)
 
 
-def start_trickle(seconds: float) -> tuple[multiprocessing.Process, Any]:
-    """The trickle, in a process of its own, and the event that stops it early."""
+def start_trickle(
+    seconds: float, before: Callable[[], None] | None = None
+) -> tuple[multiprocessing.Process, Any]:
+    """The trickle, in a process of its own, and the event that stops it early. It
+    starts once its process is ready and ``before`` has returned."""
     ctx = multiprocessing.get_context("spawn")
     ready, go, stop = ctx.Queue(), ctx.Event(), ctx.Event()
     process = ctx.Process(
@@ -88,18 +103,36 @@ def start_trickle(seconds: float) -> tuple[multiprocessing.Process, Any]:
     )
     process.start()
     ready.get(timeout=60)
+    if before is not None:
+        before()
     go.set()
     return process, stop
 
 
-def waits(conn: Any, before: str = "true") -> list[float]:
-    """The other keys' waits from due to start (ms), of their tasks due ``before``."""
+def waits(conn: Any, before: str = "true", since: str = "run") -> list[float]:
+    """The other keys' waits to start (ms), of their tasks due ``before``: from their
+    run_at (``since`` "run": the enqueue's INSERT, so its own commit is in the wait)
+    or from the moment their enqueue's commit returned ("commit": when the task could
+    first be claimed)."""
+    start = (
+        "EXTRACT(EPOCH FROM run_at)" if since == "run"
+        else "(SELECT committed FROM bench_trickle WHERE task_id = id)"
+    )
     rows = conn.execute(
-        "SELECT ((result #>> '{}')::float8 - EXTRACT(EPOCH FROM run_at)) * 1000 "
+        f"SELECT ((result #>> '{{}}')::float8 - {start}) * 1000 "
         "FROM pgqueue_task WHERE fair_key LIKE 'other:%%' AND state = 'succeeded' "
         f"AND {before}"
     ).fetchall()
     return [row[0] for row in rows]
+
+
+def reset_tenants() -> None:
+    reset_queue()
+    with raw_connection() as conn:
+        conn.execute(
+            "CREATE TABLE IF NOT EXISTS bench_trickle (task_id bigint, committed float8)"
+        )
+        conn.execute("TRUNCATE bench_trickle")
 
 
 def start_worker(name: str) -> WorkerProcess:
@@ -115,7 +148,7 @@ def start_worker(name: str) -> WorkerProcess:
 
 def empty_queue(seconds: float) -> dict[str, Any]:
     """1: the trickle alone."""
-    reset_queue()
+    reset_tenants()
     worker = start_worker("empty")
     try:
         trickle, _ = start_trickle(seconds)
@@ -123,16 +156,21 @@ def empty_queue(seconds: float) -> dict[str, Any]:
         with raw_connection() as conn:
             wait_for(lambda: count(conn, "state IN ('pending', 'running')") == 0, 60)
             found = waits(conn)
+            after_commit = waits(conn, since="commit")
     finally:
         worker.stop()
-    return {"p50": percentile(found, 50), "p99": percentile(found, 99), "tasks": len(found)}
+    return {
+        "p50": percentile(found, 50), "p99": percentile(found, 99), "tasks": len(found),
+        "commit_p50": percentile(after_commit, 50), "commit_p99": percentile(after_commit, 99),
+    }
 
 
-def beside_backlog(backlog: int) -> dict[str, Any]:
-    """2: the trickle beside key A's backlog, until A's last task started."""
+def beside_backlog(backlog: int, trickle_too: bool = True) -> dict[str, Any]:
+    """2: the trickle beside key A's backlog, until A's last task started (without
+    ``trickle_too``: A's backlog alone, the fair claim's own drain)."""
     from benchmarks.tenant_tasks import fair_probe
 
-    reset_queue()
+    reset_tenants()
     for start in range(0, backlog, 1000):
         fair_probe.enqueue_many([("A", n) for n in range(start, min(backlog, start + 1000))])
     with raw_connection() as conn:
@@ -140,12 +178,20 @@ def beside_backlog(backlog: int) -> dict[str, Any]:
         conn.execute("CHECKPOINT")
     worker = WorkerProcess(log_name="tenants-backlog", env=TENANTS_ENV)
     try:
-        trickle, stop = start_trickle(3600)
+        # The other keys start once the worker is draining A's backlog (not while it
+        # starts up: their first tasks would wait for its start, which no fair share
+        # can shorten).
         with raw_connection() as conn:
+
+            def draining() -> None:
+                wait_for(lambda: count(conn, "started_at IS NOT NULL") > 0, 60, 0.005)
+
+            trickle, stop = start_trickle(3600, draining) if trickle_too else (None, None)
             a_due = "fair_key = 'A' AND state IN ('pending', 'running')"
             wait_for(lambda: count(conn, a_due) == 0, 600, 0.05)
-            stop.set()
-            trickle.join()
+            if trickle is not None:
+                stop.set()
+                trickle.join()
             wait_for(lambda: count(conn, "state IN ('pending', 'running')") == 0, 60)
             first, last = conn.execute(
                 "SELECT min(started_at), max(finished_at) FILTER (WHERE fair_key = 'A') "
@@ -157,6 +203,7 @@ def beside_backlog(backlog: int) -> dict[str, Any]:
                 [last],
             ).fetchone()
             found = waits(conn, f"run_at < '{last.isoformat()}'")
+            after_commit = waits(conn, f"run_at < '{last.isoformat()}'", since="commit")
             duplicates = count(conn, "attempt > 1 OR jsonb_array_length(errors) > 0")
     finally:
         worker.stop()
@@ -164,6 +211,8 @@ def beside_backlog(backlog: int) -> dict[str, Any]:
     return {
         "p50": percentile(found, 50) if found else None,
         "p99": percentile(found, 99) if found else None,
+        "commit_p50": percentile(after_commit, 50) if after_commit else None,
+        "commit_p99": percentile(after_commit, 99) if after_commit else None,
         "others": len(found),
         "rate": settled / span,
         "seconds": span,
@@ -237,7 +286,17 @@ def main(argv: list[str] | None = None) -> int:
             ratio_to="empty_p99", target="<= 2x empty queue",
             check=lambda _, r: r is not None and r <= 2.0,
         ),
+        "empty_commit_p99": Row("empty_commit_p99", "the same, empty queue, from the "
+                                "enqueue's commit, p99", "ms"),
+        "beside_commit_p99": Row(
+            "beside_commit_p99", "the same beside the backlog, from the enqueue's commit, "
+            "p99", "ms", ratio_to="empty_commit_p99",
+        ),
         "w2a": Row("w2a", f"W2a drain {backlog:,}, 1 process", "tasks/s"),
+        "fair_alone": Row(
+            "fair_alone", f"drain of the key's {backlog:,} alone (no other keys)", "tasks/s",
+            ratio_to="w2a",
+        ),
         "fair_drain": Row(
             "fair_drain", f"drain of the {backlog:,} beside the {KEYS} keys", "tasks/s",
             ratio_to="w2a", target=">= 0.9x W2a", check=lambda _, r: r is not None and r >= 0.9,
@@ -272,8 +331,13 @@ def main(argv: list[str] | None = None) -> int:
             continue
         empty = empty_queue(args.trickle_seconds)
         beside = beside_backlog(backlog)
+        alone = beside_backlog(backlog, trickle_too=False)
         plain = drain(backlog, 1)
-        details.append({"empty": empty, "beside": beside, "w2a": plain})
+        details.append({"empty": empty, "beside": beside, "alone": alone, "w2a": plain})
+        rows["empty_commit_p99"].samples.append(empty["commit_p99"])
+        if beside["commit_p99"] is not None:
+            rows["beside_commit_p99"].samples.append(beside["commit_p99"])
+        rows["fair_alone"].samples.append(alone["rate"])
         rows["empty_p50"].samples.append(empty["p50"])
         rows["empty_p99"].samples.append(empty["p99"])
         if beside["p99"] is not None:
@@ -281,7 +345,8 @@ def main(argv: list[str] | None = None) -> int:
             rows["beside_p99"].samples.append(beside["p99"])
         rows["fair_drain"].samples.append(beside["rate"])
         rows["w2a"].samples.append(plain["rate"])
-        print(f"run {run + 1}: empty {empty}, beside {beside}, W2a {plain['rate']:,.0f}/s")
+        print(f"run {run + 1}: empty {empty}, beside {beside}, alone {alone['rate']:,.0f}/s, "
+              f"W2a {plain['rate']:,.0f}/s")
     print()
     print_table(rows)
     write_results(
