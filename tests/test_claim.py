@@ -119,6 +119,28 @@ def escape_window(pg, queue: str = "default"):
     return found and found[0]
 
 
+def test_a_queue_registered_by_its_workers_still_takes_its_starvation_escape(pg):
+    # Given the queue's row (its workers register it), its window last open long ago
+    pg.execute("INSERT INTO pgqueue_queue (name) VALUES ('default') ON CONFLICT DO NOTHING")
+    pg.execute("UPDATE pgqueue_queue SET last_escape_at = now() - interval '1 hour'")
+    now = timezone.now()
+    starving = TaskFactory(priority=-100, run_at=now - timedelta(minutes=10))
+    TaskFactory(priority=100, run_at=now)
+    # When a claim looks for starving tasks, then the window is open: it escapes
+    assert [t.id for t in claim(pg, limit=1, starvation=60)] == [starving.id]
+    assert escape_window(pg) > "2000"
+
+
+def test_another_queues_shut_window_leaves_this_queues_open(pg):
+    # Given a window just shut by an escape in another queue
+    pg.execute("INSERT INTO pgqueue_queue (name, last_escape_at) VALUES ('other', now())")
+    now = timezone.now()
+    starving = TaskFactory(priority=-100, run_at=now - timedelta(minutes=10))
+    TaskFactory(priority=100, run_at=now)
+    # When this queue is claimed, then its own window is open: its starving task escapes
+    assert [t.id for t in claim(pg, limit=1, starvation=60)] == [starving.id]
+
+
 def test_a_claim_outside_the_window_takes_no_starving_task_and_leaves_the_window(pg):
     # Given a starving task behind an urgent one
     now = timezone.now()
