@@ -119,6 +119,19 @@ def escape_window(pg, queue: str = "default"):
     return found and found[0]
 
 
+def test_a_starving_task_of_a_version_the_worker_does_not_run_is_not_escaped(pg):
+    # Given a starving row of a version this worker does not run (an old release's
+    # row, left behind in a rolling deploy), and a fresh row of the version it runs
+    now = timezone.now()
+    old = TaskFactory(task_name="tests.versioned", handler_version=1, priority=-100,
+                      run_at=now - timedelta(minutes=10))
+    current = TaskFactory(task_name="tests.versioned", handler_version=2, run_at=now)
+    # When a claim looks for starving tasks, then it takes only what it can run
+    taken = claim(pg, limit=2, starvation=60, routes=[("tests.versioned", 2)])
+    assert [t.id for t in taken] == [current.id]
+    assert row(pg, old.id)["state"] == "pending"
+
+
 def test_a_queue_registered_by_its_workers_still_takes_its_starvation_escape(pg):
     # Given the queue's row (its workers register it), its window last open long ago
     pg.execute("INSERT INTO pgqueue_queue (name) VALUES ('default') ON CONFLICT DO NOTHING")

@@ -16,6 +16,7 @@ from django.db import connection, transaction
 from django_pgqueue import pause, resume
 from django_pgqueue.core.limits import parse_limits, parse_rate
 from django_pgqueue.models import Queue, Task
+from django_pgqueue.worker.connection import connect
 from tests import ledger
 from tests.conftest import wait_until
 from tests.ledger_tasks import ledger_keyed, ledger_run
@@ -259,6 +260,29 @@ def limited_claim(
         limits=parse_limits(limits), key_limits=key_limits,
     )
     return [t.id for t in claimed]
+
+
+@pytest.mark.parametrize("fair", [False, True], ids=["plain", "fair"])
+def test_a_limited_claim_leaves_unlocked_the_rows_its_queue_has_no_room_for(pg, fair):
+    # Given 10 due tasks (of a fair task, or not) in a queue of concurrency 2
+    from tests.tenant_tasks import fair_job
+
+    definition = fair_job if fair else noop
+    definition.enqueue_many([("c",)] * 10 if fair else range(10))
+    limits = parse_limits({"default": {"concurrency": 2}})
+    with connect("default") as other:
+        other.autocommit = False
+        # When a limited claim takes its 2, in a transaction still open
+        taken = claim(other, 10, routes=[(definition.name, definition.version)],
+                      look_for_starving=False, statement="claim", limits=limits, fair=fair)
+        # Then the rows it had no room for are not locked: another claimer could take
+        # them (the claim's walk stops at the queue's room)
+        free = pg.execute(
+            "SELECT count(*) FROM (SELECT id FROM pgqueue_task WHERE state = 'pending' "
+            "FOR UPDATE SKIP LOCKED) AS f"
+        ).fetchone()[0]
+        other.rollback()
+    assert (len(taken), free) == (2, 8)
 
 
 def test_a_queue_concurrency_limit_counts_its_own_running_tasks_only(pg):
