@@ -34,6 +34,7 @@ def claim(
     statement: str | None = None,
     limits: dict[str, QueueLimit] | None = None,
     key_limits: dict[tuple[str, int], int] | None = None,
+    key_rates: dict[tuple[str, int], Any] | None = None,
 ) -> list[ClaimedTask]:
     """One claim statement, as the worker's claimer runs it (after staging due rows).
     ``fair``: the routes of fair tasks are claimed as fair (as a worker does).
@@ -42,14 +43,15 @@ def claim(
     where the routes have no limits: worker/claimer.py, claim_statement). ``statement``:
     the statement these parameters must choose (a test of one statement fails, rather
     than testing another, when they do not). ``limits`` and ``key_limits``: the
-    worker's QUEUE_LIMITS (parsed) and its routes' per-key limits."""
+    worker's QUEUE_LIMITS (parsed) and its routes' per-key limits; ``key_rates``: their
+    per-key rates (parsed)."""
     queues = [queue] if isinstance(queue, str) else queue
     conn.execute(QUERIES["stage"], stage_params(queues, 1000))
     fair_routes = {(d.name, d.version) for d in registry.all() if d.fair_key} if fair else None
     params = {
         **route_params(queues, all_routes() if routes is None else routes, starvation,
                        limits, key_limits, claim_batch_bytes=batch_bytes,
-                       fair_routes=fair_routes),
+                       fair_routes=fair_routes, key_rates=key_rates),
         "look_for_starving": look_for_starving,
         "limit": limit,
         "token": str(uuid.uuid4()),

@@ -11,7 +11,7 @@ import pytest
 from django.utils import timezone
 from psycopg.rows import class_row, tuple_row
 
-from django_pgqueue.core.limits import parse_limits
+from django_pgqueue.core.limits import parse_limits, parse_rate
 from django_pgqueue.db import sql
 from django_pgqueue.db.sql import QUERIES, positional
 from django_pgqueue.models import Task
@@ -20,7 +20,9 @@ from django_pgqueue.worker.claimed import ClaimedTask, claimed_rows
 from django_pgqueue.worker.claimer import claim_statement, route_params, stage_params
 from django_pgqueue.worker.connection import connect
 from tests import tasks
+from tests.conftest import wait_until
 from tests.factories import TaskFactory
+from tests.ledger_tasks import ledger_key_rated, ledger_keyed
 from tests.sqlhelpers import all_routes, claim, row
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -130,6 +132,72 @@ def test_a_starving_task_of_a_version_the_worker_does_not_run_is_not_escaped(pg)
     taken = claim(pg, limit=2, starvation=60, routes=[("tests.versioned", 2)])
     assert [t.id for t in taken] == [current.id]
     assert row(pg, old.id)["state"] == "pending"
+
+
+def test_a_starving_task_escapes_only_through_its_own_queues_window(pg):
+    # Given a starving task in a queue whose window an escape has just shut, and an
+    # urgent task in another queue, whose window is open
+    pg.execute("INSERT INTO pgqueue_queue (name, last_escape_at) VALUES ('other', now())")
+    now = timezone.now()
+    TaskFactory(queue="other", priority=-100, run_at=now - timedelta(minutes=10))
+    urgent = TaskFactory(priority=100, run_at=now)
+    # When a claim of both queues looks for starving tasks, then priority decides
+    taken = claim(pg, limit=1, starvation=60, queue=["default", "other"])
+    assert [t.id for t in taken] == [urgent.id]
+
+
+KEYED = (ledger_keyed.name, ledger_keyed.version)
+KEY_RATED = (ledger_key_rated.name, ledger_key_rated.version)
+
+
+@pytest.mark.parametrize("limit", ["concurrency", "rate"])
+def test_a_starving_task_of_a_key_at_its_limit_does_not_escape_the_limit(pg, limit):
+    # Given two starving tasks of one key, one at a time per key (or one start an hour)
+    route = KEYED if limit == "concurrency" else KEY_RATED
+    extra = ({"key_limits": {route: 1}} if limit == "concurrency"
+             else {"key_rates": {route: parse_rate("1/h")}})
+    old = timezone.now() - timedelta(minutes=10)
+    rows = [TaskFactory(task_name=route[0], handler_version=route[1], concurrency_key="k",
+                        run_at=old) for _ in range(2)]
+    # When one is claimed, then the other, starving, still waits for its key
+    first = claim(pg, 1, routes=[route], look_for_starving=False, statement="claim", **extra)
+    assert [t.id for t in first] == [rows[0].id]
+    assert claim(pg, 1, routes=[route], starvation=60, **extra) == []
+    assert row(pg, rows[1].id)["state"] == "pending"
+
+
+def test_two_claims_in_one_window_escape_one_starving_task_between_them(pg):
+    # Given a starving task of each of two tasks, urgent ones of each, and a claim (of
+    # a worker that runs the first task) that has escaped its starving task, its
+    # transaction not yet committed
+    now = timezone.now()
+    old = now - timedelta(minutes=10)
+    routes = [("tests.tasks.noop", 1), ("tests.versioned", 2)]
+    starving = [TaskFactory(task_name=name, handler_version=version, priority=-100, run_at=old)
+                for name, version in routes]  # fmt: skip
+    urgent = [TaskFactory(task_name=name, handler_version=version, priority=100, run_at=now)
+              for name, version in routes]  # fmt: skip
+    with connect("default") as first, connect("default") as second:
+        first.autocommit = False
+        taken = claim(first, limit=1, starvation=60, routes=routes[:1])
+        assert [t.id for t in taken] == [starving[0].id]
+        # When a worker that runs the second task claims meanwhile (it waits for the
+        # first's window), and the first commits
+        result: list = []
+        waiting = threading.Thread(target=lambda: result.append(
+            claim(second, limit=1, starvation=60, routes=routes[1:])
+        ))
+        waiting.start()
+        pid = second.info.backend_pid
+        wait_until(lambda: pg.execute(  # it waits on the window's row, as documented
+            "SELECT wait_event_type = 'Lock' FROM pg_stat_activity WHERE pid = %s", [pid]
+        ).fetchone()[0])
+        first.commit()
+        waiting.join(10)
+    # Then the second escaped nothing (one escape per window, fleet-wide): priority
+    # decided its claim
+    assert [t.id for t in result[0]] == [urgent[1].id]
+    assert row(pg, starving[1].id)["state"] == "pending"
 
 
 def test_a_queue_registered_by_its_workers_still_takes_its_starvation_escape(pg):

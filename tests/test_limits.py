@@ -285,6 +285,71 @@ def test_a_limited_claim_leaves_unlocked_the_rows_its_queue_has_no_room_for(pg, 
     assert (len(taken), free) == (2, 8)
 
 
+@pytest.mark.parametrize("fair", [False, True], ids=["plain", "fair"])
+def test_a_queue_without_limits_claimed_beside_a_full_limited_one_takes_all_it_can(pg, fair):
+    # Given a limited queue at its limit (1 of 1 running), and 3 due tasks in another
+    # queue, without limits, claimed together with it
+    from tests.tenant_tasks import fair_job
+
+    definition = fair_job if fair else noop
+    noop.enqueue(0)
+    limits = parse_limits({"default": {"concurrency": 1}})
+    routes = [(noop.name, noop.version), (definition.name, definition.version)]
+    assert len(claim(pg, 5, routes=routes, look_for_starving=False, statement="claim",
+                     limits=limits)) == 1
+    free = definition.using(queue="other").enqueue_many([("c",)] * 3 if fair else range(3))
+    # When both are claimed, then the other queue's room is its own: it takes all 3
+    taken = claim(pg, 10, queue=["default", "other"], routes=routes, look_for_starving=False,
+                  statement="claim", limits=limits, fair=fair)
+    assert sorted(t.id for t in taken) == free
+
+
+def fair_keyed_rows(keys: str, queue: str = "default") -> list:
+    """Due rows of the fair task, one per letter of ``keys``, its concurrency key and
+    fair key that letter, all at the head of the fair line (fair_tag 0)."""
+    from tests.factories import TaskFactory
+    from tests.tenant_tasks import fair_job
+
+    return [TaskFactory(task_name=fair_job.name, handler_version=fair_job.version, queue=queue,
+                        fair_key=key, fair_tag=0, concurrency_key=key) for key in keys]
+
+
+def fair_keyed_claim(pg, key_limit: int, queues: list[str] | None = None) -> list[int]:
+    from tests.tenant_tasks import fair_job
+
+    route = (fair_job.name, fair_job.version)
+    taken = claim(pg, 1, queue=queues or ["default"], routes=[route],
+                  key_limits={route: key_limit}, fair=True, look_for_starving=False,
+                  statement="claim")
+    return [t.id for t in taken]
+
+
+def test_a_fair_walk_passes_over_a_key_at_its_limit_to_the_next_key(pg):
+    # Given key a at its limit (1 running), its next row first in the fair line, then b's
+    a_running, a_next, b_next = fair_keyed_rows("aab")
+    assert fair_keyed_claim(pg, 1) == [a_running.id]
+    # When one more row is claimed, then it is b's (a's rows do not fill the walk)
+    assert fair_keyed_claim(pg, 1) == [b_next.id]
+    assert Task.objects.get(id=a_next.id).state == "pending"
+
+
+def test_a_fair_walk_takes_a_key_below_its_limit(pg):
+    # Given key a with one running of two allowed
+    a_running, a_next = fair_keyed_rows("aa")
+    assert fair_keyed_claim(pg, 2) == [a_running.id]
+    # When one more is claimed, then a still has room: its next row starts
+    assert fair_keyed_claim(pg, 2) == [a_next.id]
+
+
+def test_a_fair_walk_counts_a_key_running_in_another_queue_apart(pg):
+    # Given key a running in another queue (at the limit there), and a's row here
+    (elsewhere,) = fair_keyed_rows("a", queue="other")
+    (here,) = fair_keyed_rows("a")
+    assert fair_keyed_claim(pg, 1, ["other"]) == [elsewhere.id]
+    # When both queues are claimed, then a's row here starts: each queue counts its own
+    assert fair_keyed_claim(pg, 1, ["default", "other"]) == [here.id]
+
+
 def test_a_queue_concurrency_limit_counts_its_own_running_tasks_only(pg):
     # Given 3 tasks running in a queue without a limit, and 5 due in a queue of 2
     noop.using(queue="other").enqueue_many(range(3))
