@@ -392,6 +392,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--skip-explained", action="store_true",
                         help="do not run the mutants explained as equivalent (they survive "
                              "by definition; running them only finds explanations gone stale)")
+    parser.add_argument("--keys", type=Path,
+                        help="only the mutants whose keys this file lists, one a line (the "
+                             "survivors of a quicker run with --tests, say)")
     parser.add_argument("--start", type=int, default=1,
                         help="begin at this mutant of the selection (1-based: resume a run)")
     parser.add_argument("--list", action="store_true",
@@ -425,6 +428,9 @@ def main(argv: list[str] | None = None) -> int:
             ordered = first_tests(f"{mutant.statement}/{mutant.context}", tests)
             selected.append((mutant, args.tests or (FENCE_TESTS if args.fence else ordered)))
 
+    if args.keys is not None:
+        wanted = set(args.keys.read_text(encoding="utf-8").splitlines())
+        selected = [(m, t) for m, t in selected if m.key in wanted]
     selected = selected[args.start - 1 :]
     if args.list:
         for mutant, _tests in selected:
