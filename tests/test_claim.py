@@ -200,6 +200,36 @@ def test_two_claims_in_one_window_escape_one_starving_task_between_them(pg):
     assert row(pg, starving[1].id)["state"] == "pending"
 
 
+@pytest.mark.parametrize("fair", [False, True], ids=["plain", "fair"])
+def test_a_starving_task_at_the_head_of_the_line_fills_one_place_of_the_batch(pg, fair):
+    # Given a starving task first in line (its priority is everyone's), and two more
+    from tests.tenant_tasks import fair_job
+
+    now = timezone.now()
+    fields = ({"task_name": fair_job.name, "fair_key": "c", "fair_tag": 0} if fair
+              else {})  # fmt: skip
+    rows = [TaskFactory(run_at=now - timedelta(minutes=10), **fields),
+            TaskFactory(run_at=now, **fields), TaskFactory(run_at=now, **fields)]
+    # When a claim of 3 looks for starving tasks, then it takes all 3: the escaped task
+    # takes one place, not two
+    taken = claim(pg, limit=3, starvation=60, fair=fair)
+    assert sorted(t.id for t in taken) == [r.id for r in rows]
+
+
+def test_starving_tasks_of_two_queues_escape_one_each(pg):
+    # Given a starving task in each of two queues, both windows open, and urgent tasks
+    now = timezone.now()
+    starving = [TaskFactory(queue=q, priority=-100, run_at=now - timedelta(minutes=10))
+                for q in ("default", "other")]  # fmt: skip
+    for _ in range(3):
+        TaskFactory(priority=100, run_at=now)
+    # When a claim of 4 over both queues looks for starving tasks, then each queue's
+    # starving task takes one place, and two urgent ones the rest
+    taken = {t.id for t in claim(pg, limit=4, starvation=60, queue=["default", "other"])}
+    assert len(taken) == 4
+    assert {s.id for s in starving} <= taken
+
+
 def test_a_queue_registered_by_its_workers_still_takes_its_starvation_escape(pg):
     # Given the queue's row (its workers register it), its window last open long ago
     pg.execute("INSERT INTO pgqueue_queue (name) VALUES ('default') ON CONFLICT DO NOTHING")
