@@ -230,6 +230,18 @@ def test_starving_tasks_of_two_queues_escape_one_each(pg):
     assert {s.id for s in starving} <= taken
 
 
+@pytest.mark.parametrize("state", ["running", "succeeded"])
+def test_an_older_task_no_longer_pending_does_not_hide_a_starving_one(pg, state):
+    # Given a row of the same task due even longer ago that has left the line (it runs,
+    # or it ended), a starving task, and an urgent one
+    now = timezone.now()
+    TaskFactory(state=state, run_at=now - timedelta(minutes=20))
+    starving = TaskFactory(priority=-100, run_at=now - timedelta(minutes=10))
+    TaskFactory(priority=100, run_at=now)
+    # When a claim looks for starving tasks, then the starving one escapes
+    assert [t.id for t in claim(pg, limit=1, starvation=60)] == [starving.id]
+
+
 def test_a_queue_registered_by_its_workers_still_takes_its_starvation_escape(pg):
     # Given the queue's row (its workers register it), its window last open long ago
     pg.execute("INSERT INTO pgqueue_queue (name) VALUES ('default') ON CONFLICT DO NOTHING")
