@@ -121,11 +121,15 @@ def escape_window(pg, queue: str = "default"):
     return found and found[0]
 
 
-def test_a_starving_task_of_a_version_the_worker_does_not_run_is_not_escaped(pg):
-    # Given a starving row of a version this worker does not run (an old release's
-    # row, left behind in a rolling deploy), and a fresh row of the version it runs
+@pytest.mark.parametrize(
+    "name, version", [("tests.versioned", 1), ("billing.charge", 2)], ids=["version", "task"]
+)
+def test_a_starving_task_the_worker_does_not_run_is_not_escaped(pg, name, version):
+    # Given a starving row of a version (or a task) this worker does not run (an old
+    # release's row, left behind in a rolling deploy; another service's task), and a
+    # fresh row of what it runs
     now = timezone.now()
-    old = TaskFactory(task_name="tests.versioned", handler_version=1, priority=-100,
+    old = TaskFactory(task_name=name, handler_version=version, priority=-100,
                       run_at=now - timedelta(minutes=10))
     current = TaskFactory(task_name="tests.versioned", handler_version=2, run_at=now)
     # When a claim looks for starving tasks, then it takes only what it can run
