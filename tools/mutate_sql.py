@@ -425,8 +425,8 @@ def main(argv: list[str] | None = None) -> int:
                 and FENCE_PREDICATE.search(mutant.predicate)
             ):
                 continue
-            ordered = first_tests(f"{mutant.statement}/{mutant.context}", tests)
-            selected.append((mutant, args.tests or (FENCE_TESTS if args.fence else ordered)))
+            chosen = args.tests or (FENCE_TESTS if args.fence else tests)
+            selected.append((mutant, first_tests(f"{mutant.statement}/{mutant.context}", chosen)))
 
     if args.keys is not None:
         wanted = set(args.keys.read_text(encoding="utf-8").splitlines())
