@@ -26,7 +26,7 @@ from django_pgqueue.models import Task
 from django_pgqueue.ops import operations
 from django_pgqueue.tasking.registry import registry
 from django_pgqueue.worker.claimed import claimed_rows
-from django_pgqueue.worker.claimer import claim_statement, route_params
+from django_pgqueue.worker.claimer import claim_statement, route_params, stage_params
 from django_pgqueue.worker.slots import SlotPool
 from django_pgqueue.worker.stats import WorkerStats
 from tests import ledger, tasks
@@ -293,6 +293,35 @@ def test_tasks_coming_due_join_their_own_flows_head_not_another_flows(pg, elsewh
     # Then they share the next claim with the backlog of their own flow (half each; the
     # row without a place goes first, so one of them has 4)
     assert 4 <= taken["customer:later"] <= 5 and 4 <= taken["customer:now"] <= 5, taken
+
+
+@pytest.mark.parametrize("other", ["key", "queue", "task", "version", "priority"])
+def test_two_tasks_coming_due_together_each_join_their_own_flow(pg, other):
+    # Given a flow with 10 waiting tasks (places 0 to 9), a task of that flow coming due,
+    # and, coming due just after it, a task of a flow that has none (another key's, or
+    # the same key's in another queue, task, version or priority)
+    fair_job.enqueue_many([("a", n) for n in range(10)])
+    mine = fair_job.using(delay=3600).enqueue("a", 10)
+    if other == "task":
+        theirs = fair_other.using(delay=3600).enqueue("a", 0)
+    else:
+        theirs = fair_job.using(
+            delay=3600, queue="other" if other == "queue" else "default",
+            priority=-5 if other == "priority" else 0,
+        ).enqueue("b" if other == "key" else "a", 0)
+    if other == "version":
+        Task.objects.filter(id=theirs).update(handler_version=2)
+    pg.execute("UPDATE pgqueue_task SET run_at = now() - interval '2 seconds' WHERE id = %s",
+               [mine])
+    pg.execute("UPDATE pgqueue_task SET run_at = now() - interval '1 second' WHERE id = %s",
+               [theirs])
+
+    # When the stager makes them pending, in one statement
+    pg.execute(QUERIES["stage"], stage_params(["default", "other"], 1000))
+
+    # Then each has its own flow's place: behind its flow's 10, or at the head of its own
+    tags = dict(Task.objects.filter(id__in=[mine, theirs]).values_list("id", "fair_tag"))
+    assert (tags[mine], tags[theirs]) == (10, 0)
 
 
 @pytest.mark.usefixtures("fair_statement")

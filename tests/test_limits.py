@@ -304,50 +304,61 @@ def test_a_queue_without_limits_claimed_beside_a_full_limited_one_takes_all_it_c
     assert sorted(t.id for t in taken) == free
 
 
-def fair_keyed_rows(keys: str, queue: str = "default") -> list:
-    """Due rows of the fair task, one per letter of ``keys``, its concurrency key and
-    fair key that letter, all at the head of the fair line (fair_tag 0)."""
+def keyed_rows(keys: str, fair: bool, queue: str = "default") -> list:
+    """Due rows, one per letter of ``keys``, its concurrency key that letter: of the fair
+    task (its fair key too, all at the head of the fair line) or of a keyed one."""
     from tests.factories import TaskFactory
     from tests.tenant_tasks import fair_job
 
-    return [TaskFactory(task_name=fair_job.name, handler_version=fair_job.version, queue=queue,
-                        fair_key=key, fair_tag=0, concurrency_key=key) for key in keys]
+    definition = fair_job if fair else ledger_keyed
+    return [TaskFactory(task_name=definition.name, handler_version=definition.version,
+                        queue=queue, concurrency_key=key,
+                        **({"fair_key": key, "fair_tag": 0} if fair else {}))
+            for key in keys]  # fmt: skip
 
 
-def fair_keyed_claim(pg, key_limit: int, queues: list[str] | None = None) -> list[int]:
+def keyed_claim(pg, key_limit: int, fair: bool, queues: list[str] | None = None) -> list[int]:
+    """One claim of one row, the task's route limited to ``key_limit`` per key."""
     from tests.tenant_tasks import fair_job
 
-    route = (fair_job.name, fair_job.version)
+    definition = fair_job if fair else ledger_keyed
+    route = (definition.name, definition.version)
     taken = claim(pg, 1, queue=queues or ["default"], routes=[route],
-                  key_limits={route: key_limit}, fair=True, look_for_starving=False,
+                  key_limits={route: key_limit}, fair=fair, look_for_starving=False,
                   statement="claim")
     return [t.id for t in taken]
 
 
-def test_a_fair_walk_passes_over_a_key_at_its_limit_to_the_next_key(pg):
-    # Given key a at its limit (1 running), its next row first in the fair line, then b's
-    a_running, a_next, b_next = fair_keyed_rows("aab")
-    assert fair_keyed_claim(pg, 1) == [a_running.id]
+WALKS = pytest.mark.parametrize("fair", [False, True], ids=["plain", "fair"])
+
+
+@WALKS
+def test_a_walk_passes_over_a_key_at_its_limit_to_the_next_key(pg, fair):
+    # Given key a at its limit (1 running), its next row first in line, then b's
+    a_running, a_next, b_next = keyed_rows("aab", fair)
+    assert keyed_claim(pg, 1, fair) == [a_running.id]
     # When one more row is claimed, then it is b's (a's rows do not fill the walk)
-    assert fair_keyed_claim(pg, 1) == [b_next.id]
+    assert keyed_claim(pg, 1, fair) == [b_next.id]
     assert Task.objects.get(id=a_next.id).state == "pending"
 
 
-def test_a_fair_walk_takes_a_key_below_its_limit(pg):
+@WALKS
+def test_a_walk_takes_a_key_below_its_limit(pg, fair):
     # Given key a with one running of two allowed
-    a_running, a_next = fair_keyed_rows("aa")
-    assert fair_keyed_claim(pg, 2) == [a_running.id]
+    a_running, a_next = keyed_rows("aa", fair)
+    assert keyed_claim(pg, 2, fair) == [a_running.id]
     # When one more is claimed, then a still has room: its next row starts
-    assert fair_keyed_claim(pg, 2) == [a_next.id]
+    assert keyed_claim(pg, 2, fair) == [a_next.id]
 
 
-def test_a_fair_walk_counts_a_key_running_in_another_queue_apart(pg):
+@WALKS
+def test_a_walk_counts_a_key_running_in_another_queue_apart(pg, fair):
     # Given key a running in another queue (at the limit there), and a's row here
-    (elsewhere,) = fair_keyed_rows("a", queue="other")
-    (here,) = fair_keyed_rows("a")
-    assert fair_keyed_claim(pg, 1, ["other"]) == [elsewhere.id]
+    (elsewhere,) = keyed_rows("a", fair, queue="other")
+    (here,) = keyed_rows("a", fair)
+    assert keyed_claim(pg, 1, fair, ["other"]) == [elsewhere.id]
     # When both queues are claimed, then a's row here starts: each queue counts its own
-    assert fair_keyed_claim(pg, 1, ["default", "other"]) == [here.id]
+    assert keyed_claim(pg, 1, fair, ["default", "other"]) == [here.id]
 
 
 def test_a_queue_concurrency_limit_counts_its_own_running_tasks_only(pg):
