@@ -157,6 +157,20 @@ def test_the_stager_cancels_an_expired_scheduled_row_instead_of_staging_it(pg):
     assert row(pg, due)["state"] == "pending"
 
 
+def test_a_stage_that_only_expires_rows_wakes_no_worker(pg):
+    # Given a scheduled row past its expiry, and nothing else coming due
+    now = db_now()
+    late = rule_tasks.expiring.using(run_at=now, expires=now + timedelta(seconds=0.1)).enqueue()
+    wait_past(now + timedelta(seconds=0.1))
+
+    # When the stager runs, then it cancels the row and notifies nobody: nothing is
+    # there to claim
+    rows = pg.execute(QUERIES["stage"], stage_params(["default"], 100)).fetchall()
+
+    assert rows == [("default", 0, None, 1)]
+    assert row(pg, late)["state"] == "cancelled"
+
+
 def test_a_task_waiting_for_its_parents_past_its_expiry_is_cancelled_by_the_stager(
     start_worker,
 ):
