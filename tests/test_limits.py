@@ -361,6 +361,43 @@ def test_a_walk_counts_a_key_running_in_another_queue_apart(pg, fair):
     assert keyed_claim(pg, 1, fair, ["default", "other"]) == [here.id]
 
 
+def per_key(limit: str) -> tuple[tuple[str, int], dict]:
+    """The route of a keyed task, and the claim's keyword for one start of each key at
+    a time ("concurrency") or an hour ("rate")."""
+    from tests.ledger_tasks import ledger_key_rated
+
+    if limit == "concurrency":
+        route = (ledger_keyed.name, ledger_keyed.version)
+        return route, {"key_limits": {route: 1}}
+    route = (ledger_key_rated.name, ledger_key_rated.version)
+    return route, {"key_rates": {route: parse_rate("1/h")}}
+
+
+@pytest.mark.parametrize("limit", ["concurrency", "rate"])
+def test_rows_without_a_key_are_not_held_by_a_per_key_limit(pg, limit):
+    # Given 3 due rows of a keyed task whose key function gave None (no key)
+    from tests.factories import TaskFactory
+
+    route, extra = per_key(limit)
+    rows = [TaskFactory(task_name=route[0], handler_version=route[1]) for _ in range(3)]
+    # When claimed, then all 3 start: a per-key limit holds back keys, not rows without
+    taken = claim(pg, 3, routes=[route], look_for_starving=False, statement="claim", **extra)
+    assert sorted(t.id for t in taken) == [r.id for r in rows]
+
+
+def test_a_keys_rate_budget_is_its_queues_own(pg):
+    # Given key k out of budget in another queue (its next start an hour away there)
+    from tests.factories import TaskFactory
+
+    route, extra = per_key("rate")
+    pg.execute("INSERT INTO pgqueue_key_rate (queue, key, tat) "
+               "VALUES ('other', 'k', now() + interval '1 hour')")
+    here = TaskFactory(task_name=route[0], handler_version=route[1], concurrency_key="k")
+    # When k's row here is claimed, then it starts: here, k's budget is whole
+    taken = claim(pg, 1, routes=[route], look_for_starving=False, statement="claim", **extra)
+    assert [t.id for t in taken] == [here.id]
+
+
 def test_a_queue_concurrency_limit_counts_its_own_running_tasks_only(pg):
     # Given 3 tasks running in a queue without a limit, and 5 due in a queue of 2
     noop.using(queue="other").enqueue_many(range(3))
