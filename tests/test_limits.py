@@ -398,6 +398,19 @@ def test_a_keys_rate_budget_is_its_queues_own(pg):
     assert [t.id for t in taken] == [here.id]
 
 
+def test_one_key_due_in_two_queues_starts_once_in_each(pg):
+    # Given key k due in two queues, one start an hour per key, in each queue
+    from tests.factories import TaskFactory
+
+    route, extra = per_key("rate")
+    rows = [TaskFactory(task_name=route[0], handler_version=route[1], concurrency_key="k",
+                        queue=queue) for queue in ("default", "other")]  # fmt: skip
+    # When both queues are claimed together, then k starts once in each
+    taken = claim(pg, 4, queue=["default", "other"], routes=[route], look_for_starving=False,
+                  statement="claim", **extra)
+    assert sorted(t.id for t in taken) == [r.id for r in rows]
+
+
 def test_a_queue_concurrency_limit_counts_its_own_running_tasks_only(pg):
     # Given 3 tasks running in a queue without a limit, and 5 due in a queue of 2
     noop.using(queue="other").enqueue_many(range(3))
