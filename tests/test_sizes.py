@@ -556,3 +556,36 @@ def test_a_worker_claims_large_rows_a_few_at_a_time_and_never_waits_for_a_poll(s
 
 def test_payload_too_large_is_an_invalid_task_error():
     assert issubclass(PayloadTooLarge, InvalidTaskError)
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("scope", ["queue", "key"])
+def test_a_rate_limited_claim_cut_by_the_batch_bytes_spends_the_starts_it_took_only(pg, scope):
+    # Given six rows of about 300 KB, 100 starts an hour (5 at once) for their queue or
+    # for their key
+    from django_pgqueue.core.limits import parse_limits, parse_rate
+    from tests.factories import TaskFactory
+    from tests.ledger_tasks import ledger_key_rated
+
+    if scope == "queue":
+        extra = {"limits": parse_limits({"default": {"rate": "100/h"}})}
+        ids = [tasks.noop.enqueue(incompressible(300_000)) for _ in range(6)]
+    else:
+        route = (ledger_key_rated.name, ledger_key_rated.version)
+        extra = {"routes": [route], "key_rates": {route: parse_rate("100/h")}}
+        ids = [TaskFactory(task_name=route[0], handler_version=route[1], concurrency_key="k",
+                           args=[n, "k", incompressible(300_000)]).id for n in range(6)]
+
+    def claim() -> list[int]:
+        return [t.id for t in sqlhelpers.claim(pg, 5, batch_bytes=MIB, look_for_starving=False,
+                                               statement="claim", **extra)]
+
+    # When a claim of 5 takes the 3 that fit in 1 MiB
+    first = claim()
+    assert len(first) == 3
+
+    # Then the budget paid for those 3 starts only: the next claim starts 2, the rest of
+    # the 5, and the last row waits
+    second = claim()
+    assert len(second) == 2
+    assert Task.objects.filter(pk__in=ids, state="pending").count() == 1
