@@ -398,6 +398,24 @@ def test_a_keys_rate_budget_is_its_queues_own(pg):
     assert [t.id for t in taken] == [here.id]
 
 
+def test_a_claim_spends_the_rate_budget_of_the_keys_it_started_only(pg):
+    # Given keys j and k due, one start an hour each, and k out of budget for 30 minutes
+    from tests.factories import TaskFactory
+
+    route, extra = per_key("rate")
+    pg.execute("INSERT INTO pgqueue_key_rate (queue, key, tat) "
+               "VALUES ('default', 'k', now() + interval '30 minutes')")
+    (k_budget,) = pg.execute("SELECT tat FROM pgqueue_key_rate WHERE key = 'k'").fetchone()
+    j, _k = (TaskFactory(task_name=route[0], handler_version=route[1], concurrency_key=key)
+             for key in "jk")  # fmt: skip
+    # When a claim meets both, then it starts j's only, and spends j's budget only
+    taken = claim(pg, 2, routes=[route], look_for_starving=False, statement="claim", **extra)
+    assert [t.id for t in taken] == [j.id]
+    assert pg.execute("SELECT tat FROM pgqueue_key_rate WHERE key = 'k'").fetchone() == (
+        k_budget,
+    )
+
+
 def test_one_key_due_in_two_queues_starts_once_in_each(pg):
     # Given key k due in two queues, one start an hour per key, in each queue
     from tests.factories import TaskFactory
@@ -437,6 +455,17 @@ def test_a_queue_rate_budget_is_its_own_not_another_limited_queues(pg):
     taken = limited_claim(pg, ["default", "other"], limits)
     assert Task.objects.filter(id__in=taken, queue="default").count() == 1
     assert len(taken) == 1
+
+
+def test_a_claim_of_two_rated_queues_spends_only_the_budget_of_the_queue_it_started(pg):
+    # Given two queues of one start an hour each, and work in one of them only
+    limits = {"default": {"rate": "1/h"}, "other": {"rate": "1/h"}}
+    noop.using(queue="other").enqueue(0)
+    # When both are claimed, and the other queue's task starts
+    assert len(limited_claim(pg, ["default", "other"], limits)) == 1
+    # Then this queue still has its start for the task that comes next
+    mine = noop.enqueue(1)
+    assert limited_claim(pg, ["default", "other"], limits) == [mine]
 
 
 def test_a_key_limit_counts_the_keys_running_tasks_not_its_waiting_ones(pg):
