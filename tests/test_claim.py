@@ -246,6 +246,36 @@ def test_an_older_task_no_longer_pending_does_not_hide_a_starving_one(pg, state)
     assert [t.id for t in claim(pg, limit=1, starvation=60)] == [starving.id]
 
 
+def test_a_starving_task_claimed_by_another_worker_meanwhile_is_not_escaped_again(pg):
+    # Given a starving task, and a claim looking for starving tasks held up (by a lock
+    # on its queue's row: an operation on the queue) after its snapshot saw the task
+    now = timezone.now()
+    starving = TaskFactory(priority=-100, run_at=now - timedelta(minutes=10))
+    pg.execute("INSERT INTO pgqueue_queue (name) VALUES ('default')")
+    with connect("default") as holder, connect("default") as late, connect("default") as other:
+        holder.autocommit = False
+        holder.execute("SELECT 1 FROM pgqueue_queue WHERE name = 'default' FOR UPDATE")
+        result: list = []
+        waiting = threading.Thread(
+            target=lambda: result.append(claim(late, limit=1, starvation=60))
+        )
+        waiting.start()
+        pid = late.info.backend_pid
+        wait_until(lambda: pg.execute(
+            "SELECT wait_event_type = 'Lock' FROM pg_stat_activity WHERE pid = %s", [pid]
+        ).fetchone()[0])
+        # When another worker claims the task and commits, and the queue's row is freed
+        (mine,) = claim(other, limit=1, look_for_starving=False, statement="claim_plain")
+        holder.commit()
+        waiting.join(10)
+    # Then the held-up claim does not claim it a second time
+    assert mine.id == starving.id
+    assert result == [[]]
+    assert (row(pg, starving.id)["attempt"], str(row(pg, starving.id)["lease_token"])) == (
+        1, mine.lease_token,
+    )
+
+
 def test_a_queue_registered_by_its_workers_still_takes_its_starvation_escape(pg):
     # Given the queue's row (its workers register it), its window last open long ago
     pg.execute("INSERT INTO pgqueue_queue (name) VALUES ('default') ON CONFLICT DO NOTHING")
