@@ -113,6 +113,14 @@ def test_without_starvation_priority_decides(pg):
     assert [t.id for t in claim(pg, limit=1, starvation=60)] == [urgent.id]
 
 
+def starving_and_urgent():
+    """A task due 10 minutes ago at priority -100 (starving, with a timeout of 60 s),
+    and one due now at priority 100."""
+    now = timezone.now()
+    return (TaskFactory(priority=-100, run_at=now - timedelta(minutes=10)),
+            TaskFactory(priority=100, run_at=now))
+
+
 def escape_window(pg, queue: str = "default"):
     """When the queue's starvation window last opened (None: never, no row)."""
     found = pg.execute(
@@ -280,9 +288,7 @@ def test_a_queue_registered_by_its_workers_still_takes_its_starvation_escape(pg)
     # Given the queue's row (its workers register it), its window last open long ago
     pg.execute("INSERT INTO pgqueue_queue (name) VALUES ('default') ON CONFLICT DO NOTHING")
     pg.execute("UPDATE pgqueue_queue SET last_escape_at = now() - interval '1 hour'")
-    now = timezone.now()
-    starving = TaskFactory(priority=-100, run_at=now - timedelta(minutes=10))
-    TaskFactory(priority=100, run_at=now)
+    starving, _ = starving_and_urgent()
     # When a claim looks for starving tasks, then the window is open: it escapes
     assert [t.id for t in claim(pg, limit=1, starvation=60)] == [starving.id]
     assert escape_window(pg) > "2000"
@@ -291,18 +297,14 @@ def test_a_queue_registered_by_its_workers_still_takes_its_starvation_escape(pg)
 def test_another_queues_shut_window_leaves_this_queues_open(pg):
     # Given a window just shut by an escape in another queue
     pg.execute("INSERT INTO pgqueue_queue (name, last_escape_at) VALUES ('other', now())")
-    now = timezone.now()
-    starving = TaskFactory(priority=-100, run_at=now - timedelta(minutes=10))
-    TaskFactory(priority=100, run_at=now)
+    starving, _ = starving_and_urgent()
     # When this queue is claimed, then its own window is open: its starving task escapes
     assert [t.id for t in claim(pg, limit=1, starvation=60)] == [starving.id]
 
 
 def test_a_claim_outside_the_window_takes_no_starving_task_and_leaves_the_window(pg):
     # Given a starving task behind an urgent one
-    now = timezone.now()
-    TaskFactory(priority=-100, run_at=now - timedelta(minutes=10))
-    urgent = TaskFactory(priority=100, run_at=now)
+    _, urgent = starving_and_urgent()
     # When the full claim runs between the claimer's looks for starving tasks (as a
     # limited lane's every claim does), then priority decides, and the window stays shut
     params = {
@@ -317,9 +319,7 @@ def test_a_claim_outside_the_window_takes_no_starving_task_and_leaves_the_window
 
 def test_a_limited_queue_takes_no_starvation_escape(pg):
     # Given a starving task behind an urgent one, in a queue with a concurrency limit
-    now = timezone.now()
-    TaskFactory(priority=-100, run_at=now - timedelta(minutes=10))
-    urgent = TaskFactory(priority=100, run_at=now)
+    _, urgent = starving_and_urgent()
     # When a claim looks for starving tasks, then the limit's order (priority) decides
     taken = claim(pg, limit=1, starvation=60, statement="claim",
                   limits=parse_limits({"default": {"concurrency": 5}}))
