@@ -416,6 +416,71 @@ def test_a_claim_spends_the_rate_budget_of_the_keys_it_started_only(pg):
     )
 
 
+def rated_and_keyed(pg, first: str) -> tuple:
+    """Key k's rows of two tasks that share it: one rated (one start an hour per key),
+    one with one run at a time per key, the ``first`` ("rated" or "keyed") first in
+    line; and the claim's keywords for both routes."""
+    from tests.factories import TaskFactory
+    from tests.ledger_tasks import ledger_key_rated
+
+    rated_route = (ledger_key_rated.name, ledger_key_rated.version)
+    keyed_route = (ledger_keyed.name, ledger_keyed.version)
+    order = [rated_route, keyed_route] if first == "rated" else [keyed_route, rated_route]
+    rows = {route: TaskFactory(task_name=route[0], handler_version=route[1],
+                               concurrency_key="k") for route in order}  # fmt: skip
+    extra = {"routes": order, "key_rates": {rated_route: parse_rate("1/h")},
+             "key_limits": {keyed_route: 1}, "look_for_starving": False, "statement": "claim"}
+    return rows[rated_route], rows[keyed_route], extra
+
+
+def key_budget(pg, key: str = "k"):
+    return pg.execute("SELECT tat FROM pgqueue_key_rate WHERE key = %s", [key]).fetchone()
+
+
+def test_a_keys_row_held_by_its_rate_leaves_the_keys_run_to_another_tasks_row(pg):
+    # Given key k out of its rate budget for 30 minutes, and k's rows of a rated task
+    # (first in line) and of a task of one run at a time per key
+    pg.execute("INSERT INTO pgqueue_key_rate (queue, key, tat) "
+               "VALUES ('default', 'k', now() + interval '30 minutes')")
+    spent = key_budget(pg)
+    rated, keyed, extra = rated_and_keyed(pg, first="rated")
+    # When claimed, then the other task's row starts: nothing of k runs, and the rated
+    # row held by its budget takes no place of k's concurrency
+    assert [t.id for t in claim(pg, 2, **extra)] == [keyed.id]
+    assert Task.objects.get(id=rated.id).state == "pending"
+    # And k's budget is as it was: a start of a task without a rate spends none of it
+    assert key_budget(pg) == spent
+
+
+def test_a_row_of_a_task_without_a_rate_takes_no_place_of_a_keys_rate_budget(pg):
+    # Given key k with its whole budget (one start), its row of a task without a rate
+    # first in line, then its row of the rated task
+    rated, keyed, extra = rated_and_keyed(pg, first="keyed")
+    extra["key_limits"] = {}
+    # When claimed, then both start: the budget's one start is the rated row's
+    assert sorted(t.id for t in claim(pg, 2, **extra)) == sorted([rated.id, keyed.id])
+    # And it is spent once: an hour from the claim
+    (ahead,) = pg.execute(
+        "SELECT extract(epoch FROM tat - now()) FROM pgqueue_key_rate WHERE key = 'k'"
+    ).fetchone()
+    assert 3500 < ahead <= 3600
+
+
+def test_a_key_with_budget_for_more_starts_only_as_many_as_its_concurrency(pg):
+    # Given key k's 3 due rows of a task of one run at a time per key and a key rate
+    # whose budget allows 5 starts at once
+    from tests.factories import TaskFactory
+    from tests.ledger_tasks import ledger_key_rated
+
+    route = (ledger_key_rated.name, ledger_key_rated.version)
+    for _ in range(3):
+        TaskFactory(task_name=route[0], handler_version=route[1], concurrency_key="k")
+    # When claimed, then one starts: the budget lets them start, the concurrency holds
+    taken = claim(pg, 3, routes=[route], key_rates={route: parse_rate("100/m")},
+                  key_limits={route: 1}, look_for_starving=False, statement="claim")
+    assert len(taken) == 1
+
+
 def test_one_key_due_in_two_queues_starts_once_in_each(pg):
     # Given key k due in two queues, one start an hour per key, in each queue
     from tests.factories import TaskFactory

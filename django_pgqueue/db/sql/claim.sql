@@ -71,7 +71,13 @@
 --   GCRA per (queue, concurrency_key), its state a row of pgqueue_key_rate (primary key
 --   lookup per key the walk found, key_rates). allowed keeps at most what each key's
 --   budget allows now (besides its concurrency); key_rated spends it, for the rows taken
---   only. The queue's lock (lock_limited_queues: a queue with rate-keyed routes is locked
+--   only. keyed ranks a key's rows twice, in the claim's order: among the rows of its
+--   rated routes (nth_of_rated, against the budget, key_budget: a row of a route
+--   without a rate neither spends nor takes a place of it), then among the rows the
+--   budget lets start (nth_of_key, against the per-key concurrency: a rated row held by
+--   its budget does not take the place of another task's row of the key). A row within the budget but
+--   held by its concurrency still takes a place of the budget in this claim (with one
+--   key limit per key, nothing after it of the key could start either). The queue's lock (lock_limited_queues: a queue with rate-keyed routes is locked
 --   like a limited one) makes reading and spending a key's budget race-free. Every claim
 --   is a start: a retry or a recovered task spends its key's budget again. Rows of a key
 --   out of budget that the walk met stay pending (locked by this statement only); a
@@ -282,12 +288,6 @@ candidates AS MATERIALIZED (
            key_rate_burst, pos
       FROM fair_walk
 ),
-keyed AS MATERIALIZED (
-    SELECT c.*,
-           row_number() OVER (PARTITION BY c.queue, c.concurrency_key
-                              ORDER BY c.priority DESC, c.pos, c.run_at, c.id) AS nth_of_key
-      FROM candidates AS c
-),
 key_rates AS MATERIALIZED (
     SELECT c.queue, c.key,
            GREATEST((SELECT kr.tat
@@ -297,24 +297,37 @@ key_rates AS MATERIALIZED (
               FROM candidates
              WHERE key_rate_interval IS NOT NULL AND concurrency_key IS NOT NULL) AS c
 ),
+keyed AS MATERIALIZED (
+    SELECT r.*,
+           count(*) FILTER (WHERE r.key_rate_interval IS NULL OR r.concurrency_key IS NULL
+                                  OR r.nth_of_rated <= r.key_budget)
+               OVER (PARTITION BY r.queue, r.concurrency_key
+                     ORDER BY r.priority DESC, r.pos, r.run_at, r.id) AS nth_of_key
+      FROM (SELECT c.*,
+                   row_number() OVER (PARTITION BY c.queue, c.concurrency_key,
+                                                   c.key_rate_interval IS NULL
+                                      ORDER BY c.priority DESC, c.pos, c.run_at, c.id)
+                       AS nth_of_rated,
+                   (SELECT floor(((c.key_rate_burst - 1) * c.key_rate_interval
+                                  - EXTRACT(EPOCH FROM kr.tat - statement_timestamp()))
+                                 / c.key_rate_interval)::int + 1
+                      FROM key_rates AS kr
+                     WHERE kr.queue = c.queue AND kr.key = c.concurrency_key) AS key_budget
+              FROM candidates AS c) AS r
+),
 allowed AS MATERIALIZED (
     SELECT k.id, k.priority, k.pos, k.run_at, k.queue, k.bytes, k.concurrency_key,
            k.key_rate_interval,
            row_number() OVER (PARTITION BY k.queue
                               ORDER BY k.priority DESC, k.pos, k.run_at, k.id) AS nth_of_queue
       FROM keyed AS k
-     WHERE (k.key_limit IS NULL OR k.concurrency_key IS NULL
+     WHERE (k.key_rate_interval IS NULL OR k.concurrency_key IS NULL
+            OR k.nth_of_rated <= k.key_budget)
+       AND (k.key_limit IS NULL OR k.concurrency_key IS NULL
             OR k.nth_of_key <= k.key_limit - COALESCE((
                    SELECT b.running
                      FROM busy_keys AS b
                     WHERE b.queue = k.queue AND b.key = k.concurrency_key), 0))
-       AND (k.key_rate_interval IS NULL OR k.concurrency_key IS NULL
-            OR k.nth_of_key <= (
-                   SELECT floor(((k.key_rate_burst - 1) * k.key_rate_interval
-                                 - EXTRACT(EPOCH FROM kr.tat - statement_timestamp()))
-                                / k.key_rate_interval)::int + 1
-                     FROM key_rates AS kr
-                    WHERE kr.queue = k.queue AND kr.key = k.concurrency_key))
 ),
 picked AS MATERIALIZED (
     SELECT a.id, a.queue, a.concurrency_key, a.key_rate_interval,
