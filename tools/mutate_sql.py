@@ -105,8 +105,8 @@ COVERAGE: dict[str, list[str]] = {
 # failure, so a mutant is killed sooner by the tests of what it breaks.
 FIRST: dict[str, list[str]] = {
     **{f"claim/{c}": ["tests/test_limits.py", "tests/test_key_rates.py"]
-       for c in ("limits", "room", "busy_keys", "rated", "allowed", "key_rates", "key_rated",
-                 "key_held")},
+       for c in ("limits", "room", "busy_keys", "rated", "keyed", "allowed", "key_rates",
+                 "key_rated", "key_held")},
     "claim/fair_walk": ["tests/test_fair.py"],
     "stage/fair_flows": ["tests/test_fair.py"],
     "stage/fair_due": ["tests/test_fair.py"],
