@@ -16,6 +16,13 @@ def fair_probe(key: str, n: int) -> float:
     return time.time()
 
 
+@task
+def plain_probe(key: str, n: int) -> float:
+    """fair_probe without a fair key: the same work, claimed in plain order (the
+    baseline of the fair workload's drain beside the other keys)."""
+    return time.time()
+
+
 # A remote API's round trip per request, for the batch workload (milliseconds).
 API_SECONDS = float(os.environ.get("PGQUEUE_BENCH_API_MS", "0")) / 1000
 

@@ -22,7 +22,12 @@ started). Each run measures, on the same database:
    work; and the drain: every task settled per second from the first start to A's last
    settlement.
 3. **The backlog alone.** As 2 without the other keys: the fair claim's own drain.
-4. **W2a.** The plain drain of as many no-op tasks (benchmarks/workloads.py: ``drain``).
+4. **Plain, alone and beside the same enqueues.** As 3 and 2 with a task that is not
+   fair (``plain_probe``), backlog and trickle: the drain the same harness measures
+   without fair share, alone, and while the machine also runs the other keys' 500
+   enqueue transactions a second (the other keys then wait behind the backlog, so
+   only the drain is reported).
+5. **W2a.** The plain drain of as many no-op tasks (benchmarks/workloads.py: ``drain``).
 
 Targets: the other keys' p99 beside the backlog at most 2x their p99 on the empty
 queue; the drain beside them at least 0.9x W2a. ``--scale`` shrinks the backlog (and
@@ -64,14 +69,18 @@ PER_KEY_PER_SECOND = 10
 TENANTS_ENV = {"PGQUEUE_BENCH_TENANTS": "1"}
 
 
-def _trickle(url: str, seconds: float, ready: Any, go: Any, stop: Any) -> None:
+def _trickle(
+    url: str, seconds: float, ready: Any, go: Any, stop: Any, fair: bool = True
+) -> None:
     """Enqueue one task per key per 1 / PER_KEY_PER_SECOND s, spread evenly, each in
-    its own transaction, for ``seconds`` or until ``stop`` is set."""
+    its own transaction, for ``seconds`` or until ``stop`` is set (of fair_probe, or
+    of plain_probe if not ``fair``)."""
     os.environ.update(TENANTS_ENV)
     setup_django_child(url)
-    from benchmarks.tenant_tasks import fair_probe
+    from benchmarks.tenant_tasks import fair_probe, plain_probe
 
-    fair_probe.enqueue("warm-up", -1)
+    probe = fair_probe if fair else plain_probe
+    probe.enqueue("warm-up", -1)
     ready.put(1)
     go.wait()
     gap = 1.0 / (KEYS * PER_KEY_PER_SECOND)
@@ -79,7 +88,7 @@ def _trickle(url: str, seconds: float, ready: Any, go: Any, stop: Any) -> None:
     n = 0
     committed: list[tuple[int, float]] = []
     while time.monotonic() - started < seconds and not stop.is_set():
-        task_id = fair_probe.enqueue(f"other:{n % KEYS}", n)
+        task_id = probe.enqueue(f"other:{n % KEYS}", n)
         committed.append((task_id, time.time()))  # the enqueue's commit has returned
         n += 1
         pause = started + n * gap - time.monotonic()
@@ -92,14 +101,14 @@ def _trickle(url: str, seconds: float, ready: Any, go: Any, stop: Any) -> None:
 
 
 def start_trickle(
-    seconds: float, before: Callable[[], None] | None = None
+    seconds: float, before: Callable[[], None] | None = None, fair: bool = True
 ) -> tuple[multiprocessing.Process, Any]:
     """The trickle, in a process of its own, and the event that stops it early. It
     starts once its process is ready and ``before`` has returned."""
     ctx = multiprocessing.get_context("spawn")
     ready, go, stop = ctx.Queue(), ctx.Event(), ctx.Event()
     process = ctx.Process(
-        target=_trickle, args=(os.environ["DATABASE_URL"], seconds, ready, go, stop)
+        target=_trickle, args=(os.environ["DATABASE_URL"], seconds, ready, go, stop, fair)
     )
     process.start()
     ready.get(timeout=60)
@@ -165,14 +174,16 @@ def empty_queue(seconds: float) -> dict[str, Any]:
     }
 
 
-def beside_backlog(backlog: int, trickle_too: bool = True) -> dict[str, Any]:
+def beside_backlog(backlog: int, trickle_too: bool = True, fair: bool = True) -> dict[str, Any]:
     """2: the trickle beside key A's backlog, until A's last task started (without
-    ``trickle_too``: A's backlog alone, the fair claim's own drain)."""
-    from benchmarks.tenant_tasks import fair_probe
+    ``trickle_too``: A's backlog alone, the fair claim's own drain; without ``fair``:
+    both of the plain task, whose waits are not reported)."""
+    from benchmarks.tenant_tasks import fair_probe, plain_probe
 
+    probe = fair_probe if fair else plain_probe
     reset_tenants()
     for start in range(0, backlog, 1000):
-        fair_probe.enqueue_many([("A", n) for n in range(start, min(backlog, start + 1000))])
+        probe.enqueue_many([("A", n) for n in range(start, min(backlog, start + 1000))])
     with raw_connection() as conn:
         conn.execute("VACUUM ANALYZE pgqueue_task")
         conn.execute("CHECKPOINT")
@@ -186,15 +197,18 @@ def beside_backlog(backlog: int, trickle_too: bool = True) -> dict[str, Any]:
             def draining() -> None:
                 wait_for(lambda: count(conn, "started_at IS NOT NULL") > 0, 60, 0.005)
 
-            trickle, stop = start_trickle(3600, draining) if trickle_too else (None, None)
-            a_due = "fair_key = 'A' AND state IN ('pending', 'running')"
+            trickle, stop = (
+                start_trickle(3600, draining, fair) if trickle_too else (None, None)
+            )
+            mine = "fair_key = 'A'" if fair else "args ->> 0 = 'A'"
+            a_due = f"{mine} AND state IN ('pending', 'running')"
             wait_for(lambda: count(conn, a_due) == 0, 600, 0.05)
             if trickle is not None:
                 stop.set()
                 trickle.join()
             wait_for(lambda: count(conn, "state IN ('pending', 'running')") == 0, 60)
             first, last = conn.execute(
-                "SELECT min(started_at), max(finished_at) FILTER (WHERE fair_key = 'A') "
+                f"SELECT min(started_at), max(finished_at) FILTER (WHERE {mine}) "
                 "FROM pgqueue_task WHERE state = 'succeeded'"
             ).fetchone()
             (settled,) = conn.execute(
@@ -202,8 +216,9 @@ def beside_backlog(backlog: int, trickle_too: bool = True) -> dict[str, Any]:
                 "AND finished_at <= %s",
                 [last],
             ).fetchone()
-            found = waits(conn, f"run_at < '{last.isoformat()}'")
-            after_commit = waits(conn, f"run_at < '{last.isoformat()}'", since="commit")
+            due = f"run_at < '{last.isoformat()}'"
+            found = waits(conn, due) if fair else []
+            after_commit = waits(conn, due, since="commit") if fair else []
             duplicates = count(conn, "attempt > 1 OR jsonb_array_length(errors) > 0")
     finally:
         worker.stop()
@@ -301,6 +316,14 @@ def main(argv: list[str] | None = None) -> int:
             "fair_drain", f"drain of the {backlog:,} beside the {KEYS} keys", "tasks/s",
             ratio_to="w2a", target=">= 0.9x W2a", check=lambda _, r: r is not None and r >= 0.9,
         ),
+        "plain_alone": Row(
+            "plain_alone", "the backlog alone, plain task (no fair share)", "tasks/s",
+            ratio_to="w2a",
+        ),
+        "plain_beside": Row(
+            "plain_beside", "the same, plain task (no fair share), beside the same "
+            "enqueues", "tasks/s", ratio_to="w2a",
+        ),
     }  # fmt: skip
     calls = int(BATCH_CALLS * args.scale)
     rows |= {
@@ -332,8 +355,14 @@ def main(argv: list[str] | None = None) -> int:
         empty = empty_queue(args.trickle_seconds)
         beside = beside_backlog(backlog)
         alone = beside_backlog(backlog, trickle_too=False)
+        plain_alone = beside_backlog(backlog, trickle_too=False, fair=False)
+        plain_beside = beside_backlog(backlog, fair=False)
         plain = drain(backlog, 1)
-        details.append({"empty": empty, "beside": beside, "alone": alone, "w2a": plain})
+        details.append({"empty": empty, "beside": beside, "alone": alone,
+                        "plain_alone": plain_alone, "plain_beside": plain_beside,
+                        "w2a": plain})  # fmt: skip
+        rows["plain_alone"].samples.append(plain_alone["rate"])
+        rows["plain_beside"].samples.append(plain_beside["rate"])
         rows["empty_commit_p99"].samples.append(empty["commit_p99"])
         if beside["commit_p99"] is not None:
             rows["beside_commit_p99"].samples.append(beside["commit_p99"])
@@ -346,7 +375,8 @@ def main(argv: list[str] | None = None) -> int:
         rows["fair_drain"].samples.append(beside["rate"])
         rows["w2a"].samples.append(plain["rate"])
         print(f"run {run + 1}: empty {empty}, beside {beside}, alone {alone['rate']:,.0f}/s, "
-              f"W2a {plain['rate']:,.0f}/s")
+              f"plain alone {plain_alone['rate']:,.0f}/s, "
+              f"plain beside {plain_beside['rate']:,.0f}/s, W2a {plain['rate']:,.0f}/s")
     print()
     print_table(rows)
     write_results(
