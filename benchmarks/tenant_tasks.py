@@ -8,19 +8,29 @@ import time
 
 from django_pgqueue import BatchCall, task
 
+# The fair workload's handler work (PGQUEUE_BENCH_PROBE_MS: a sleep, as for an I/O
+# call; 0: none, a no-op).
+PROBE_SECONDS = float(os.environ.get("PGQUEUE_BENCH_PROBE_MS", "0")) / 1000
+
 
 @task(fair_key=lambda key, n: key)
 def fair_probe(key: str, n: int) -> float:
-    """A fair no-op that returns the wall-clock time its handler started (same host as
+    """A fair task that returns the wall-clock time its handler started (same host as
     the benchmark): due -> start is that, less the row's run_at."""
-    return time.time()
+    started = time.time()
+    if PROBE_SECONDS:
+        time.sleep(PROBE_SECONDS)
+    return started
 
 
 @task
 def plain_probe(key: str, n: int) -> float:
     """fair_probe without a fair key: the same work, claimed in plain order (the
     baseline of the fair workload's drain beside the other keys)."""
-    return time.time()
+    started = time.time()
+    if PROBE_SECONDS:
+        time.sleep(PROBE_SECONDS)
+    return started
 
 
 # A remote API's round trip per request, for the batch workload (milliseconds).

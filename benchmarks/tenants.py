@@ -30,7 +30,10 @@ started). Each run measures, on the same database:
 5. **W2a.** The plain drain of as many no-op tasks (benchmarks/workloads.py: ``drain``).
 
 Targets: the other keys' p99 beside the backlog at most 2x their p99 on the empty
-queue; the drain beside them at least 0.9x W2a. ``--scale`` shrinks the backlog (and
+queue; the drain beside them at least 0.9x W2a. ``--probe-ms`` gives the fair
+workload's handlers (not W2a's) a sleep, as for an I/O call: with no-ops, the drain
+takes every core, and the other keys' tasks then wait for the CPU as much as for the
+queue. ``--scale`` shrinks the backlog (and
 the trickle's duration with it) for a smoke run. The table is printed as
 ``python -m benchmarks`` prints its own, and the results written as JSON to
 benchmarks/results/.
@@ -281,11 +284,18 @@ def main(argv: list[str] | None = None) -> int:
         "--api-ms", type=float, default=5.0,
         help="the batch workload's remote API round trip per request (ms)",
     )
+    parser.add_argument(
+        "--probe-ms", type=float, default=0.0,
+        help="the fair workload's handlers sleep this long (an I/O call; default 0: "
+        "no-ops, whose drain takes every core of the machine)",
+    )
     parser.add_argument("--json", type=str, default=None, help="write the results here")
     args = parser.parse_args(argv)
 
     os.environ["DATABASE_URL"] = prepare_database()
     setup_django(os.environ["DATABASE_URL"])
+    if args.probe_ms:
+        TENANTS_ENV["PGQUEUE_BENCH_PROBE_MS"] = str(args.probe_ms)  # the workers'
     os.environ.update(TENANTS_ENV)
     import benchmarks.tenant_tasks  # noqa: F401 - the enqueuer's registry
 
