@@ -72,13 +72,15 @@
 --   lookup per key the walk found, key_rates). allowed keeps at most what each key's
 --   budget allows now (besides its concurrency); key_rated spends it, for the rows taken
 --   only. keyed ranks a key's rows twice, in the claim's order: among the rows of its
---   rated routes (nth_of_rated, against the budget, key_budget: a row of a route
---   without a rate neither spends nor takes a place of it), then among the rows the
---   budget lets start (nth_of_key, against the per-key concurrency: a rated row held by
---   its budget does not take the place of another task's row of the key). A row within the budget but
---   held by its concurrency still takes a place of the budget in this claim (with one
---   key limit per key, nothing after it of the key could start either). The queue's lock (lock_limited_queues: a queue with rate-keyed routes is locked
---   like a limited one) makes reading and spending a key's budget race-free. Every claim
+--   rated routes (nth_of_rated, against the budget, key_budget, looked up for those
+--   rows only: a row of a route without a rate neither spends nor takes a place of
+--   it), then among the rows the budget lets start (nth_of_key, against the per-key
+--   concurrency: a rated row held by its budget does not take the place of another
+--   task's row of the key). A row within the budget but held by its concurrency still
+--   takes a place of the budget in this claim (with one key limit per key, nothing
+--   after it of the key could start either). The queue's lock (lock_limited_queues: a
+--   queue with rate-keyed routes is locked like a limited one) makes reading and
+--   spending a key's budget race-free. Every claim
 --   is a start: a retry or a recovered task spends its key's budget again. Rows of a key
 --   out of budget that the walk met stay pending (locked by this statement only); a
 --   claim that came back short, or whose walk found rows its keys held back (key_held,
@@ -308,11 +310,13 @@ keyed AS MATERIALIZED (
                                                    c.key_rate_interval IS NULL
                                       ORDER BY c.priority DESC, c.pos, c.run_at, c.id)
                        AS nth_of_rated,
-                   (SELECT floor(((c.key_rate_burst - 1) * c.key_rate_interval
-                                  - EXTRACT(EPOCH FROM kr.tat - statement_timestamp()))
-                                 / c.key_rate_interval)::int + 1
-                      FROM key_rates AS kr
-                     WHERE kr.queue = c.queue AND kr.key = c.concurrency_key) AS key_budget
+                   CASE WHEN c.key_rate_interval IS NOT NULL THEN (
+                       SELECT floor(((c.key_rate_burst - 1) * c.key_rate_interval
+                                     - EXTRACT(EPOCH FROM kr.tat - statement_timestamp()))
+                                    / c.key_rate_interval)::int + 1
+                         FROM key_rates AS kr
+                        WHERE kr.queue = c.queue AND kr.key = c.concurrency_key) END
+                       AS key_budget
               FROM candidates AS c) AS r
 ),
 allowed AS MATERIALIZED (
