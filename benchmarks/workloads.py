@@ -386,7 +386,7 @@ def key_claim_latency(keys: int = 10_000, samples: int = 500) -> dict[str, Any]:
     (each claim, and the setting aside that follows it, in its transaction)."""
     from django_pgqueue.core.limits import QueueLimit, parse_rate
     from django_pgqueue.db.sql import QUERIES
-    from django_pgqueue.worker.claimer import SNOOZE_BATCH, route_params
+    from django_pgqueue.worker.claimer import LOCK_WAIT_MS, SNOOZE_BATCH, route_params
     from django_pgqueue.worker.connection import connect
 
     rated = (KEYED_TASKS["rate"], 1)
@@ -415,7 +415,9 @@ def key_claim_latency(keys: int = 10_000, samples: int = 500) -> dict[str, Any]:
 
     def limited_claim(conn: Any, p: dict[str, Any], snooze: bool = False) -> tuple[int, int]:
         conn.execute("BEGIN")
-        conn.execute(QUERIES["lock_limited_queues"], {"queues": ["default"]})
+        conn.execute(
+            QUERIES["lock_limited_queues"], {"queues": ["default"], "lock_timeout": LOCK_WAIT_MS}
+        )
         claimed = len(conn.execute(QUERIES["claim"], p).fetchall())
         snoozed = 0
         if snooze and claimed < p["limit"]:
